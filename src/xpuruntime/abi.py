@@ -1,0 +1,186 @@
+"""The kernel ABI: what a kernel receives and how it is launched (seed 004, part 6).
+
+Contract:
+- A kernel's launch function takes one `ArgPack` and returns nothing. It writes its result into
+  `args.out`, which the runtime allocated (or the caller passed) with the inferred shape and dtype.
+- Tensors are described by `TensorSpec` (ptr, shape, strides in elements, dtype, device): the packed
+  form a raw (C/CUDA) kernel would receive. Python kernels use the arrays in `args.inputs` directly.
+- Launch geometry lives in a `LaunchConfig` computed next to the kernel by its launch-config function,
+  once per plan, not per call.
+- Kernels never report errors themselves: the runtime catches what a launch raises and re-raises a
+  `LaunchError` naming op, kernel and launch config.
+- After a launch the runtime applies the policy's `SyncPolicy`.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import PolicyError
+
+
+class MathMode(enum.Enum):
+    """Arithmetic a kernel may use. FP32 means full precision of the input dtype (no TF32 shortcuts)."""
+
+    FP32 = "fp32"
+    TF32 = "tf32"
+    FP16 = "fp16"
+    BF16 = "bf16"
+    MIXED = "mixed"
+
+    @classmethod
+    def parse(cls, value: MathMode | str) -> MathMode:
+        """Accept a MathMode or its name/value in any case ("tf32", "TF32")."""
+        if isinstance(value, MathMode):
+            return value
+        try:
+            return cls(str(value).lower())
+        except ValueError:
+            known = ", ".join(m.value for m in cls)
+            raise PolicyError(f"unknown math_mode '{value}'; expected one of {known}") from None
+
+    @classmethod
+    def for_dtype(cls, dtype: str) -> MathMode:
+        """The math mode a call gets when the policy does not set one."""
+        return {"float16": cls.FP16, "bfloat16": cls.BF16}.get(dtype, cls.FP32)
+
+
+class SyncPolicy(enum.Enum):
+    """What the runtime does after a launch: nothing, record an event on the stream, or synchronize."""
+
+    NO_SYNC = "no_sync"
+    EVENT_RECORD = "event_record"
+    FULL_SYNC = "full_sync"
+
+    @classmethod
+    def parse(cls, value: SyncPolicy | str) -> SyncPolicy:
+        if isinstance(value, SyncPolicy):
+            return value
+        try:
+            return cls(str(value).lower().replace("-", "_"))
+        except ValueError:
+            known = ", ".join(m.value for m in cls)
+            raise PolicyError(f"unknown sync policy '{value}'; expected one of {known}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchConfig:
+    """Launch geometry: grid and block (CUDA sense), dynamic shared memory, stream, tile parameters.
+
+    CPU kernels use `grid` for the number of independent tiles and `params` for tile sizes.
+    """
+
+    grid: tuple[int, ...] = (1,)
+    block: tuple[int, ...] = (1,)
+    smem_bytes: int = 0
+    stream: Any = None
+    params: dict[str, Any] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        text = f"grid={self.grid} block={self.block}"
+        if self.smem_bytes:
+            text += f" smem={self.smem_bytes}B"
+        if self.params:
+            text += " " + " ".join(f"{k}={v}" for k, v in self.params.items())
+        return text
+
+
+_ITEMSIZE = {
+    "bool": 1, "int8": 1, "uint8": 1, "int16": 2, "uint16": 2, "int32": 4, "uint32": 4,
+    "int64": 8, "uint64": 8, "float16": 2, "bfloat16": 2, "float32": 4, "float64": 8,
+    "complex64": 8, "complex128": 16,
+}  # fmt: skip
+
+
+def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Row-major strides, in elements."""
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= max(n, 1)
+    return tuple(reversed(strides))
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSpec:
+    """A tensor as the ABI sees it: shape, dtype, strides (elements), device and data pointer.
+
+    Build one from an array with `xpuruntime.arrays.describe`, or by hand to ask `explain` about
+    a call without allocating anything: `TensorSpec((256, 512), "float16")`.
+    """
+
+    shape: tuple[int, ...]
+    dtype: str = "float32"
+    strides: tuple[int, ...] | None = None
+    device: str = "cpu"
+    ptr: int = 0
+    itemsize: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "shape", tuple(int(n) for n in self.shape))
+        if self.strides is None:
+            object.__setattr__(self, "strides", contiguous_strides(self.shape))
+        if not self.itemsize:
+            object.__setattr__(self, "itemsize", _ITEMSIZE.get(self.dtype, 0))
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.itemsize
+
+    @property
+    def layout(self) -> str:
+        """'contiguous', 'transposed' (last two axes swapped, else contiguous) or 'strided'."""
+        return layout_class(self.shape, self.strides)
+
+
+def layout_class(shape: tuple[int, ...], strides: tuple[int, ...]) -> str:
+    """Classify a layout; size-1 axes never make a tensor non-contiguous."""
+
+    def dense(shape_: tuple[int, ...], strides_: tuple[int, ...]) -> bool:
+        return all(s == e for n, s, e in zip(shape_, strides_, contiguous_strides(shape_)) if n != 1)
+
+    if math.prod(shape) == 0 or dense(shape, strides):
+        return "contiguous"
+    if len(shape) >= 2:
+        perm = [*range(len(shape) - 2), len(shape) - 1, len(shape) - 2]
+        if dense(tuple(shape[i] for i in perm), tuple(strides[i] for i in perm)):
+            return "transposed"
+    return "strided"
+
+
+class ArgPack:
+    """Everything one launch receives: arrays, output, normalized attributes, config, workspace."""
+
+    __slots__ = ("attrs", "config", "inputs", "out", "workspace")
+
+    def __init__(self, inputs: tuple, out: Any, attrs: dict, config: LaunchConfig, workspace: Any) -> None:
+        self.inputs = inputs
+        self.out = out
+        self.attrs = attrs
+        self.config = config
+        self.workspace = workspace
+
+    @property
+    def stream(self) -> Any:
+        return self.config.stream
+
+    @property
+    def workspace_bytes(self) -> int:
+        return 0 if self.workspace is None else int(self.workspace.nbytes)
+
+    def tensors(self) -> tuple[TensorSpec | None, ...]:
+        """The packed ABI view of inputs and output: (ptr, shape, strides, dtype, device) each."""
+        from .arrays import describe_or_none
+
+        return tuple(describe_or_none(x) for x in (*self.inputs, self.out))

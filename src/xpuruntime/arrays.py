@@ -1,0 +1,126 @@
+"""Adapters between the array types users pass (NumPy, PyTorch) and the runtime's `TensorSpec`.
+
+PyTorch is never imported here: a tensor is recognised only if the user already imported torch.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import numpy as np
+
+from .abi import TensorSpec
+from .errors import LayoutError
+
+SCALAR_TYPES = (float, int, bool)
+
+
+class NotAnArray(Exception):
+    """Raised by `signature` for an object that must first be converted with `as_array`."""
+
+
+def _torch_tensor_type() -> type | None:
+    torch = sys.modules.get("torch")
+    return getattr(torch, "Tensor", None)
+
+
+def is_torch_tensor(x: Any) -> bool:
+    tensor_type = _torch_tensor_type()
+    return tensor_type is not None and isinstance(x, tensor_type)
+
+
+def signature(x: Any) -> Any:
+    """A cheap hashable key for the parts of an argument that decide the kernel (hot path)."""
+    if type(x) is np.ndarray:
+        return (x.dtype, x.shape, x.strides)
+    if x is None:
+        return None
+    if type(x) in SCALAR_TYPES:
+        return type(x)
+    if isinstance(x, np.ndarray):
+        return (x.dtype, x.shape, x.strides)
+    if is_torch_tensor(x):
+        return (x.dtype, tuple(x.shape), x.stride(), x.device)
+    raise NotAnArray
+
+
+def as_array(x: Any) -> Any:
+    """Leave arrays, scalars and None alone; turn anything else (lists, NumPy scalars) into an ndarray."""
+    if x is None or type(x) in SCALAR_TYPES or isinstance(x, np.ndarray | TensorSpec) or is_torch_tensor(x):
+        return x
+    return np.asarray(x)
+
+
+def describe(x: Any) -> TensorSpec:
+    """The ABI description of an array (NumPy ndarray, torch.Tensor) or a `TensorSpec` itself."""
+    if isinstance(x, TensorSpec):
+        return x
+    if isinstance(x, np.ndarray):
+        itemsize = x.itemsize
+        return TensorSpec(
+            shape=x.shape,
+            dtype=x.dtype.name,
+            strides=tuple(s // itemsize for s in x.strides) if itemsize else x.strides,
+            device="cpu",
+            ptr=x.__array_interface__["data"][0],
+            itemsize=itemsize,
+        )
+    if is_torch_tensor(x):
+        return TensorSpec(
+            shape=tuple(x.shape),
+            dtype=str(x.dtype).removeprefix("torch."),
+            strides=tuple(x.stride()),
+            device=str(x.device),
+            ptr=x.data_ptr() if x.device.type != "meta" else 0,
+            itemsize=x.element_size(),
+        )
+    raise TypeError(f"cannot describe {type(x).__name__} as a tensor")
+
+
+def describe_or_none(x: Any) -> TensorSpec | None:
+    if x is None or type(x) in SCALAR_TYPES:
+        return None
+    return describe(x)
+
+
+def _extent(t: TensorSpec) -> tuple[int, int]:
+    """Byte range [lo, hi) that a view can touch."""
+    lo = hi = 0
+    for n, s in zip(t.shape, t.strides):
+        if n == 0:
+            return t.ptr, t.ptr
+        reach = (n - 1) * s * t.itemsize
+        lo, hi = (lo + reach, hi) if reach < 0 else (lo, hi + reach)
+    return t.ptr + lo, t.ptr + hi + t.itemsize
+
+
+def _overlaps(a: Any, b: Any) -> bool:
+    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
+        if not np.may_share_memory(a, b):
+            return False
+        try:
+            return bool(np.shares_memory(a, b, max_work=10_000))
+        except np.exceptions.TooHardError:
+            return True  # cannot prove disjoint: treat as overlapping
+    sa, sb = describe(a), describe(b)
+    if sa.device != sb.device:
+        return False
+    (alo, ahi), (blo, bhi) = _extent(sa), _extent(sb)
+    return alo < bhi and blo < ahi
+
+
+def _same_view(a: Any, b: Any) -> bool:
+    sa, sb = describe(a), describe(b)
+    return (sa.ptr, sa.shape, sa.strides, sa.dtype) == (sb.ptr, sb.shape, sb.strides, sb.dtype)
+
+
+def check_output_aliasing(op: str, names: tuple[str, ...], inputs: tuple, out: Any, inplace: bool) -> None:
+    """Reject an `out` that overlaps an input; `inplace` ops accept `out` that *is* an input view."""
+    for name, x in zip(names, inputs):
+        if x is None or type(x) in SCALAR_TYPES or not _overlaps(out, x):
+            continue
+        if inplace and _same_view(out, x):
+            continue
+        rule = "no overlap, or exactly the same view for in-place use" if inplace else "no overlap"
+        raise LayoutError(f"{op}: argument 'out' overlaps input '{name}'; expected {rule}")

@@ -1,0 +1,1 @@
+"""Backends: one package per kernel family. Each exposes BACKEND (a registry.Backend) and KERNELS."""

@@ -1,0 +1,122 @@
+"""CPU attention kernels.
+
+- `math`: materializes the whole score matrix; fastest for short sequences, refused when that matrix
+  would be too large.
+- `chunked`: flash-attention's algorithm on the CPU: query blocks against key blocks with an online
+  softmax (running max and sum), so memory is one block of scores (the workspace), and causal calls
+  skip key blocks above the diagonal.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ...abi import ArgPack, LaunchConfig
+from ...context import DispatchContext
+from ...ops.checks import CPU_FLOAT_DTYPES
+from ...registry import kernel
+from .common import as_compute, compute_dtype
+
+MATH_MAX_SCORES = 1 << 26  # elements of the full score matrix (256 MiB in fp32)
+
+
+def _score_elements(ctx: DispatchContext) -> int:
+    at = ctx.attrs
+    return math.prod(at["batch"]) * at["L"] * at["S"]
+
+
+def _fits_in_memory(ctx: DispatchContext) -> str | None:
+    n = _score_elements(ctx)
+    if n > MATH_MAX_SCORES:
+        return f"score matrix has {n} elements (> {MATH_MAX_SCORES}); use a chunked kernel"
+    return None
+
+
+def _masked_scores(
+    args: ArgPack, q: np.ndarray, k: np.ndarray, rows: slice, cols: slice, out: np.ndarray
+) -> None:
+    """out = q[rows] k[cols]^T * scale, with the mask or causal structure applied (-inf = hidden)."""
+    np.matmul(q[..., rows, :], np.swapaxes(k[..., cols, :], -1, -2), out=out)
+    out *= args.attrs["scale"]
+    mask, at = args.inputs[3], args.attrs
+    if at["is_causal"]:  # query i sees key j <= i (top-left aligned)
+        visible = np.arange(rows.start, rows.stop)[:, None] >= np.arange(cols.start, cols.stop)[None, :]
+        np.copyto(out, -np.inf, where=~visible)
+    elif mask is not None:
+        block = np.broadcast_to(mask, (*at["batch"], at["L"], at["S"]))[..., rows, cols]
+        if mask.dtype == bool:
+            np.copyto(out, -np.inf, where=~block)
+        else:
+            out += block
+
+
+@kernel(
+    "attention", "math", backend="cpu", dtypes=CPU_FLOAT_DTYPES, priority=10, conditions=(_fits_in_memory,)
+)
+def attention_math(args: ArgPack) -> None:
+    """softmax(q k^T * scale + mask) v with the full score matrix."""
+    q, k, v = (as_compute(t) for t in args.inputs[:3])
+    at = args.attrs
+    scores = np.empty((*at["batch"], at["L"], at["S"]), q.dtype)
+    _masked_scores(args, q, k, slice(0, at["L"]), slice(0, at["S"]), scores)
+    with np.errstate(invalid="ignore"):  # rows that see no key become NaN, as in PyTorch
+        scores -= scores.max(axis=-1, keepdims=True)
+        np.exp(scores, out=scores)
+        scores /= scores.sum(axis=-1, keepdims=True)
+    np.copyto(args.out, np.matmul(scores, v), casting="same_kind")
+
+
+def chunked_launch_config(ctx: DispatchContext) -> LaunchConfig:
+    at = ctx.attrs
+    block_q, block_k = min(128, max(at["L"], 1)), min(256, max(at["S"], 1))
+    grid = (math.prod(at["batch"]), math.ceil(at["L"] / block_q))
+    return LaunchConfig(grid=grid, block=(block_q,), params={"BLOCK_Q": block_q, "BLOCK_K": block_k})
+
+
+def chunked_workspace_bytes(ctx: DispatchContext) -> int:
+    """One block of scores per batch entry."""
+    p = chunked_launch_config(ctx).params
+    itemsize = compute_dtype(np.dtype(ctx.dtype)).itemsize
+    return math.prod(ctx.attrs["batch"]) * p["BLOCK_Q"] * p["BLOCK_K"] * itemsize
+
+
+@kernel(
+    "attention", "chunked", backend="cpu", dtypes=CPU_FLOAT_DTYPES, priority=5,
+    launch_config=chunked_launch_config, workspace_bytes=chunked_workspace_bytes,
+)  # fmt: skip
+def attention_chunked(args: ArgPack) -> None:
+    """Online softmax over key blocks; memory O(BLOCK_Q x BLOCK_K) per batch entry."""
+    at, params = args.attrs, args.config.params
+    batch, L, S = at["batch"], at["L"], at["S"]
+    q, k, v = (np.broadcast_to(as_compute(t), (*batch, *t.shape[-2:])) for t in args.inputs[:3])
+    block_q, block_k = params["BLOCK_Q"], params["BLOCK_K"]
+    scratch = args.workspace.view(q.dtype).reshape(*batch, block_q, block_k)
+    for i in range(0, L, block_q):
+        rows = slice(i, min(i + block_q, L))
+        nq = rows.stop - rows.start
+        running_max = np.full((*batch, nq, 1), -np.inf, q.dtype)
+        running_sum = np.zeros((*batch, nq, 1), q.dtype)
+        acc = np.zeros((*batch, nq, v.shape[-1]), q.dtype)
+        last_key = (
+            min(S, rows.stop) if at["is_causal"] else S
+        )  # causal: keys past the block's last row are hidden
+        for j in range(0, last_key, block_k):
+            cols = slice(j, min(j + block_k, S))
+            scores = scratch[..., :nq, : cols.stop - cols.start]
+            _masked_scores(args, q, k, rows, cols, scores)
+            new_max = np.maximum(running_max, scores.max(axis=-1, keepdims=True))
+            shift = np.where(
+                np.isneginf(new_max), 0.0, new_max
+            )  # keep exp() finite while a row sees nothing yet
+            np.exp(scores - shift, out=scores)
+            correction = np.exp(running_max - shift)
+            running_sum = running_sum * correction + scores.sum(axis=-1, keepdims=True)
+            acc = acc * correction + np.matmul(scores, v[..., cols, :])
+            running_max = new_max
+        with np.errstate(invalid="ignore", divide="ignore"):  # 0/0 for rows that saw no key: NaN, as math
+            np.copyto(args.out[..., rows, :], acc / running_sum, casting="same_kind")
+
+
+KERNELS = (attention_math, attention_chunked)

@@ -1,0 +1,14 @@
+"""Helpers shared by the CPU kernels."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def compute_dtype(dtype: np.dtype) -> np.dtype:
+    """Accumulation dtype: fp16 computes in fp32 (mixed precision), everything else in itself."""
+    return np.dtype(np.float32) if dtype == np.float16 else dtype
+
+
+def as_compute(x: np.ndarray | None) -> np.ndarray | None:
+    return None if x is None else x.astype(compute_dtype(x.dtype), copy=False)

@@ -1,0 +1,88 @@
+"""One exception hierarchy for everything the runtime rejects.
+
+Every message names the op, the argument and what was expected, so a user can fix the call
+without reading our source.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+
+class XpuRuntimeError(Exception):
+    """Base class of every error raised by xpuruntime."""
+
+
+class ArgumentError(XpuRuntimeError, ValueError):
+    """An argument has a value the op does not accept (conflicting flags, bad attribute)."""
+
+
+class ShapeError(XpuRuntimeError, ValueError):
+    """Shapes do not fit together (or an axis is out of range)."""
+
+
+class DTypeError(XpuRuntimeError, TypeError):
+    """An argument has a dtype the op does not accept."""
+
+
+class LayoutError(XpuRuntimeError, ValueError):
+    """Memory layout is not allowed, e.g. an output that overlaps an input."""
+
+
+class DeviceMismatchError(XpuRuntimeError, ValueError):
+    """Arguments of one call live on different devices."""
+
+
+class UnknownNameError(XpuRuntimeError, LookupError):
+    """An op, kernel or backend name that the registry does not know."""
+
+
+class UnknownOpError(UnknownNameError):
+    """No op of that name is registered."""
+
+
+class UnknownKernelError(UnknownNameError):
+    """No kernel of that name is registered for the op."""
+
+
+class RegistrationError(XpuRuntimeError):
+    """A kernel or op declaration is invalid (e.g. a duplicate name)."""
+
+
+class PolicyError(XpuRuntimeError, ValueError):
+    """A kernel policy spec (string, file, environment variable) is malformed."""
+
+
+class NoKernelError(XpuRuntimeError):
+    """No registered kernel supports the call; the message lists each kernel's reasons."""
+
+
+class UnsupportedByPolicyError(NoKernelError):
+    """Strict policy: the preferred kernel cannot run this call."""
+
+
+class LaunchError(XpuRuntimeError, RuntimeError):
+    """A kernel failed while running; the message names op, kernel and launch config."""
+
+
+def argument_error(
+    cls: type[XpuRuntimeError], op: str, arg: str, expected: str, got: object
+) -> XpuRuntimeError:
+    """Build `cls` with the standard message `op: argument 'arg' expected ..., got ...`."""
+    return cls(f"{op}: argument '{arg}' expected {expected}, got {got}")
+
+
+def unknown_name(cls: type[UnknownNameError], what: str, name: str, known: Iterable[str]) -> UnknownNameError:
+    """Build an unknown-name error that lists the known names and suggests the closest one."""
+    known = sorted(known)
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.5)
+    if not close:  # case-insensitive second try: "cublaslt" -> "cublasLt"
+        lowered = {k.lower(): k for k in known}
+        close = [lowered[m] for m in difflib.get_close_matches(name.lower(), list(lowered), n=1, cutoff=0.5)]
+    hint = f" Did you mean '{close[0]}'?" if close else ""
+    return cls(f"unknown {what} '{name}'.{hint} Known: {', '.join(known) or '(none)'}")
+
+
+class KernelFallbackWarning(UserWarning):
+    """The policy's preferred kernel cannot run a call; another kernel runs instead."""

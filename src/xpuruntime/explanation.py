@@ -1,0 +1,87 @@
+"""`explain`: every candidate kernel for a call, its verdict, the reasons it was rejected and its score."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+    from .context import DispatchContext
+    from .policy import KernelPolicy
+    from .selector import Candidate, Decision
+
+
+@dataclass(frozen=True)
+class Explanation:
+    ctx: DispatchContext
+    policy: KernelPolicy
+    candidates: list[Candidate]
+    decision: Decision | None
+    error: Exception | None
+
+    @property
+    def selected(self) -> str | None:
+        return self.decision.kernel.name if self.decision else None
+
+    def verdict(self, candidate: Candidate) -> str:
+        if self.decision is not None and candidate.kernel is self.decision.kernel:
+            return f"selected ({self.decision.reason})"
+        return "supported" if candidate.supported else "rejected"
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One dict per candidate: kernel, backend, verdict, score, reasons (best first)."""
+        return [
+            {
+                "kernel": c.kernel.name,
+                "backend": c.kernel.backend,
+                "verdict": self.verdict(c),
+                "score": c.score,
+                "reasons": list(c.reasons),
+            }
+            for c in self.candidates
+        ]
+
+    def headline(self) -> str:
+        if self.decision is not None:
+            outcome = f"selected '{self.decision.kernel.name}' ({self.decision.reason})"
+        else:
+            outcome = f"no kernel: {type(self.error).__name__}"
+        return f"{self.ctx.op}({self.ctx.summary()}) under {self.policy!r}: {outcome}"
+
+    def __str__(self) -> str:
+        lines = [self.headline()]
+        for row in self.rows():
+            score = "-" if row["score"] is None else f"{row['score']:g}"
+            reasons = "; ".join(row["reasons"])
+            lines.append(
+                f"  {row['kernel']:<16} {row['backend']:<8} {row['verdict']:<20} {score:>6}  {reasons}"
+            )
+        if self.error is not None:
+            lines.append(str(self.error))
+        return "\n".join(lines)
+
+    def table(self) -> Table:
+        from rich.table import Table
+
+        table = Table(title=self.headline(), title_justify="left")
+        for column in ("kernel", "backend", "verdict", "score", "reasons"):
+            table.add_column(column, justify="right" if column == "score" else "left")
+        for row in self.rows():
+            style = "bold green" if row["verdict"].startswith("selected") else (
+                "red" if row["verdict"] == "rejected" else None)  # fmt: skip
+            score = "-" if row["score"] is None else f"{row['score']:g}"
+            table.add_row(
+                row["kernel"], row["backend"], row["verdict"], score, "\n".join(row["reasons"]), style=style
+            )
+        return table
+
+    def print(self) -> None:
+        from rich.console import Console
+        from rich.text import Text
+
+        console = Console()
+        console.print(self.table())
+        if self.error is not None:
+            console.print(Text(str(self.error), style="red"))

@@ -1,0 +1,121 @@
+"""Dispatch logging (seed 000): every dispatched op with its kernel, the reason, shapes and time.
+
+Observers (this log, profilers) are kept in `OBSERVERS`; the dispatcher takes its slow, timed path
+only while that list is non-empty, so logging costs nothing when it is off.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from .plan import Plan
+
+DEFAULT_MAX_RECORDS = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class DispatchEvent:
+    """What an observer hears about one dispatch. Times are time.perf_counter_ns() values."""
+
+    plan: Plan
+    cache_hit: bool
+    dispatch_start_ns: int
+    launch_start_ns: int
+    launch_end_ns: int
+    thread_id: int
+
+
+class Observer(Protocol):
+    def on_dispatch(self, event: DispatchEvent) -> None: ...
+
+
+OBSERVERS: list[Observer] = []
+_observers_lock = threading.Lock()
+
+
+def add_observer(observer: Observer) -> None:
+    with _observers_lock:
+        if observer not in OBSERVERS:
+            OBSERVERS.append(observer)
+
+
+def remove_observer(observer: Observer) -> None:
+    with _observers_lock:
+        if observer in OBSERVERS:
+            OBSERVERS.remove(observer)
+
+
+@dataclass(frozen=True, slots=True)
+class DispatchRecord:
+    """One line of the dispatch log. `reason` is how the plan chose its kernel (policy / auto /
+    fallback); `cache_hit` says whether this call reused a cached plan. `elapsed_us` is the launch."""
+
+    op_name: str
+    selected_kernel: str
+    backend: str
+    reason: str
+    cache_hit: bool
+    input_shapes: tuple[tuple[int, ...], ...]
+    dtype: str
+    elapsed_us: float
+    launch_config: str
+    timestamp: float  # time.time() when the record was made
+
+    def as_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+
+class DispatchLog:
+    """A bounded in-memory buffer of DispatchRecords: the oldest records go first."""
+
+    def __init__(self, max_records: int = DEFAULT_MAX_RECORDS) -> None:
+        self.records: collections.deque[DispatchRecord] = collections.deque(maxlen=max_records)
+
+    def on_dispatch(self, event: DispatchEvent) -> None:
+        plan = event.plan
+        ctx = plan.decision.ctx
+        self.records.append(
+            DispatchRecord(
+                op_name=ctx.op,
+                selected_kernel=plan.kernel.name,
+                backend=plan.kernel.backend,
+                reason=plan.reason,
+                cache_hit=event.cache_hit,
+                input_shapes=ctx.shapes,
+                dtype=ctx.dtype if ctx.tensors else "",
+                elapsed_us=(event.launch_end_ns - event.launch_start_ns) / 1000.0,
+                launch_config=plan.config.describe(),
+                timestamp=time.time(),
+            )
+        )
+
+
+_log = DispatchLog()
+
+
+def enable_dispatch_logging(max_records: int = DEFAULT_MAX_RECORDS) -> None:
+    """Start recording every dispatch (keeps at most `max_records`, dropping the oldest)."""
+    if _log.records.maxlen != max_records:
+        _log.records = collections.deque(_log.records, maxlen=max_records)
+    add_observer(_log)
+
+
+def disable_dispatch_logging() -> None:
+    remove_observer(_log)
+
+
+def dispatch_logging_enabled() -> bool:
+    return _log in OBSERVERS
+
+
+def get_dispatch_logs() -> list[DispatchRecord]:
+    return list(_log.records)
+
+
+def clear_dispatch_logs() -> None:
+    _log.records.clear()

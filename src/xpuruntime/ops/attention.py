@@ -1,0 +1,123 @@
+"""attention(q, k, v, attn_mask=None, is_causal=False, scale=None) with F.scaled_dot_product_attention's
+semantics: q (..., L, E), k (..., S, E), v (..., S, Ev) -> (..., L, Ev); batch dims broadcast; a bool mask
+keeps True positions, a float mask is added to the scores; causal masking is aligned top-left.
+A query row that can see no key gives NaN, as PyTorch's math backend does."""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any
+
+import numpy as np
+
+from ..context import DispatchContext
+from ..dispatch import run
+from ..errors import ArgumentError, DTypeError, ShapeError, argument_error
+from ..schema import OpSchema
+from .checks import broadcast, require_dtype_like, require_float, require_ndim
+
+
+def _normalize_attrs(ctx: DispatchContext) -> dict[str, Any]:
+    for name in ("q", "k", "v"):
+        require_ndim(ctx, name, 2)
+    q, k, v = (ctx.tensor(n).shape for n in ("q", "k", "v"))
+    if k[-1] != q[-1]:
+        raise argument_error(
+            ShapeError, ctx.op, "k", f"last dim {q[-1]} (the head dim E of 'q')", f"shape {k}"
+        )
+    if v[-2] != k[-2]:
+        raise argument_error(
+            ShapeError, ctx.op, "v", f"{k[-2]} rows (the sequence length S of 'k')", f"shape {v}"
+        )
+    if q[-1] == 0:
+        raise argument_error(ShapeError, ctx.op, "q", "a head dim E >= 1", f"shape {q}")
+    batch = broadcast(ctx.op, [("q", q[:-2]), ("k", k[:-2]), ("v", v[:-2])])
+    L, S = q[-2], k[-2]
+    if S == 0 and L > 0:
+        raise argument_error(
+            ShapeError, ctx.op, "k", "at least one key (softmax over no keys is undefined)", f"shape {k}"
+        )
+    is_causal, scale = ctx.attrs["is_causal"], ctx.attrs["scale"]
+    if not isinstance(is_causal, bool | np.bool_):
+        raise argument_error(ArgumentError, ctx.op, "is_causal", "a bool", repr(is_causal))
+    if is_causal and ctx.has_tensor("attn_mask"):
+        raise ArgumentError(f"{ctx.op}: pass either 'attn_mask' or is_causal=True, not both")
+    if ctx.has_tensor("attn_mask"):
+        mask = ctx.tensor("attn_mask").shape
+        if broadcast(ctx.op, [("attn_mask", mask), ("q", (*batch, L, S))]) != (*batch, L, S):
+            raise argument_error(
+                ShapeError, ctx.op, "attn_mask", f"a shape broadcastable to {(*batch, L, S)}", mask
+            )
+    if scale is None:
+        scale = 1.0 / math.sqrt(q[-1])
+    elif not isinstance(scale, numbers.Real) or isinstance(scale, bool) or not math.isfinite(scale):
+        raise argument_error(ArgumentError, ctx.op, "scale", "a finite number or None", repr(scale))
+    return {"is_causal": bool(is_causal), "scale": float(scale), "batch": batch, "L": L, "S": S}
+
+
+def _infer_dtype(ctx: DispatchContext) -> str:
+    dtype = require_float(ctx, "q")
+    require_dtype_like(ctx, "k", "q")
+    require_dtype_like(ctx, "v", "q")
+    if ctx.has_tensor("attn_mask"):
+        mask = ctx.tensor("attn_mask").dtype
+        if mask not in ("bool", dtype):
+            raise argument_error(DTypeError, ctx.op, "attn_mask", f"bool or {dtype} (same as 'q')", mask)
+    return dtype
+
+
+def _infer_shape(ctx: DispatchContext) -> tuple[int, ...]:
+    return (*ctx.attrs["batch"], ctx.attrs["L"], ctx.tensor("v").shape[-1])
+
+
+def flops(ctx: DispatchContext) -> int:
+    at = ctx.attrs
+    e, ev = ctx.tensor("q").shape[-1], ctx.tensor("v").shape[-1]
+    return 2 * math.prod(at["batch"]) * at["L"] * at["S"] * (e + ev)
+
+
+def causal_mask(L: int, S: int) -> np.ndarray:
+    """True where query i may see key j (j <= i), aligned top-left as in PyTorch."""
+    return np.tril(np.ones((L, S), dtype=bool))
+
+
+def reference(
+    q: Any, k: Any, v: Any, attn_mask: Any = None, is_causal: bool = False, scale: float | None = None
+) -> np.ndarray:
+    """float64 reference."""
+    q, k, v = (np.asarray(t, np.float64) for t in (q, k, v))
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = np.matmul(q, np.swapaxes(k, -1, -2)) * scale
+    if is_causal:
+        attn_mask = causal_mask(q.shape[-2], k.shape[-2])
+    if attn_mask is not None:
+        attn_mask = np.asarray(attn_mask)
+        scores = np.where(attn_mask, scores, -np.inf) if attn_mask.dtype == bool else scores + attn_mask
+    with np.errstate(invalid="ignore"):
+        p = np.exp(scores - scores.max(axis=-1, keepdims=True))
+        p /= p.sum(axis=-1, keepdims=True)
+    return np.matmul(p, v)
+
+
+ATTENTION = OpSchema(
+    name="attention",
+    inputs=("q", "k", "v", "attn_mask"),
+    optional=frozenset({"attn_mask"}),
+    attrs=("is_causal", "scale"),
+    defaults={"is_causal": False, "scale": None},
+    normalize_attrs=_normalize_attrs,
+    infer_dtype=_infer_dtype,
+    infer_shape=_infer_shape,
+    reference=reference,
+    flops=flops,
+    doc="Scaled dot-product attention (softmax(q k^T * scale + mask) v).",
+)
+
+
+def attention(
+    q: Any, k: Any, v: Any, attn_mask: Any = None, is_causal: bool = False, scale: float | None = None,
+    *, out: Any = None,
+) -> Any:  # fmt: skip
+    """Scaled dot-product attention with F.scaled_dot_product_attention's arguments (no dropout)."""
+    return run("attention", (q, k, v, attn_mask), (is_causal, scale), out)

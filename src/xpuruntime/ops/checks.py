@@ -1,0 +1,73 @@
+"""Validation helpers shared by op schemas. Each raises an error naming op, argument and expectation."""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Sequence
+from typing import Any
+
+from ..context import DispatchContext
+from ..errors import ArgumentError, DTypeError, ShapeError, argument_error
+
+FLOAT_DTYPES = frozenset({"float16", "bfloat16", "float32", "float64"})
+INT_DTYPES = frozenset({"int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"})
+CPU_FLOAT_DTYPES = frozenset({"float16", "float32", "float64"})  # NumPy has no native bfloat16
+
+
+def require_float(ctx: DispatchContext, name: str) -> str:
+    dtype = ctx.tensor(name).dtype
+    if dtype not in FLOAT_DTYPES:
+        raise argument_error(
+            DTypeError, ctx.op, name, f"a floating dtype ({', '.join(sorted(FLOAT_DTYPES))})", dtype
+        )
+    return dtype
+
+
+def require_dtype_like(ctx: DispatchContext, name: str, like: str) -> None:
+    """Tensor `name`, when present, must have the same dtype as `like` (no implicit promotion)."""
+    if ctx.has_tensor(name) and ctx.tensor(name).dtype != ctx.tensor(like).dtype:
+        expected = f"dtype {ctx.tensor(like).dtype} (same as '{like}')"
+        raise argument_error(DTypeError, ctx.op, name, expected, ctx.tensor(name).dtype)
+
+
+def require_ndim(ctx: DispatchContext, name: str, minimum: int) -> None:
+    ndim = ctx.tensor(name).ndim
+    if ndim < minimum:
+        raise argument_error(ShapeError, ctx.op, name, f"at least {minimum} dimension(s)", f"{ndim}-d")
+
+
+def normalize_axis(op: str, axis: Any, ndim: int, arg: str = "axis") -> int:
+    try:
+        if isinstance(axis, bool):
+            raise TypeError
+        axis = operator.index(axis)
+    except TypeError:
+        raise argument_error(ArgumentError, op, arg, "an int", repr(axis)) from None
+    if not -ndim <= axis < ndim:
+        raise argument_error(ShapeError, op, arg, f"a value in [{-ndim}, {ndim}) for a {ndim}-d input", axis)
+    return axis % ndim
+
+
+def broadcast(op: str, shapes: Sequence[tuple[str, tuple[int, ...]]]) -> tuple[int, ...]:
+    """NumPy broadcasting of named shapes; the error names the first argument that does not fit."""
+    result: tuple[int, ...] = ()
+    seen = []
+    for name, shape in shapes:
+        ndim = max(len(result), len(shape))
+        padded_r, padded_s = (1,) * (ndim - len(result)) + result, (1,) * (ndim - len(shape)) + shape
+        merged = []
+        for r, s in zip(padded_r, padded_s):
+            if r != s and 1 not in (r, s):
+                with_ = " and ".join(f"'{n}'" for n in seen)
+                raise argument_error(
+                    ShapeError, op, name, f"a shape broadcastable with {with_} {result}", shape
+                )
+            merged.append(s if r == 1 else r)
+        result = tuple(merged)
+        seen.append(name)
+    return result
+
+
+def numel(shape: Sequence[int]) -> int:
+    return math.prod(shape)

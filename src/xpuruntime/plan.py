@@ -1,0 +1,133 @@
+"""Plans and the plan cache: a decision is made once per call signature and reused (seeds 003, 004).
+
+A signature is (op, policy fingerprint, attributes, per argument: dtype, shape, strides, device).
+Everything a plan holds is a pure function of that key, so a hit can skip validation, selection,
+launch-config and workspace computation. Policy changes need no invalidation (the fingerprint is in
+the key); registering or removing a kernel drops that op's plans.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import Any
+
+from .abi import LaunchConfig
+from .registry import KernelSpec
+from .schema import OpSchema
+from .selector import Decision
+
+
+class Plan:
+    """What to run for one call signature: kernel, normalized attributes, launch config, output spec."""
+
+    __slots__ = (
+        "attrs", "config", "decision", "empty", "kernel", "launch", "out_dtype", "out_shape", "schema",
+        "synchronize", "workspace_bytes",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        decision: Decision,
+        schema: OpSchema,
+        config: LaunchConfig,
+        workspace_bytes: int,
+        empty: Callable[[tuple[int, ...], str, str], Any],
+        synchronize: Callable[[str], None] | None,
+    ) -> None:
+        ctx = decision.ctx
+        self.decision = decision
+        self.schema = schema
+        self.kernel: KernelSpec = decision.kernel
+        self.launch = decision.kernel.launch
+        self.attrs = dict(ctx.attrs)
+        self.config = config
+        self.workspace_bytes = workspace_bytes
+        self.out_shape = ctx.out_shape
+        self.out_dtype = ctx.out_dtype
+        self.empty = empty
+        self.synchronize = synchronize  # None unless the policy asks for FULL_SYNC
+
+    @property
+    def reason(self) -> str:
+        return self.decision.reason
+
+    def allocate(self) -> Any:
+        return self.empty(self.out_shape, self.out_dtype, self.decision.ctx.device)
+
+    def __repr__(self) -> str:
+        return (
+            f"Plan({self.kernel.qualified_name}, reason={self.reason}, {self.config.describe()}, "
+            f"workspace={self.workspace_bytes}B)"
+        )
+
+
+@dataclass(frozen=True)
+class PlanCacheStats:
+    hits: int
+    misses: int
+    evictions: int
+    invalidations: int
+    size: int
+    maxsize: int
+
+    @property
+    def hit_rate(self) -> float:
+        total = self.hits + self.misses
+        return self.hits / total if total else 0.0
+
+
+class PlanCache:
+    """Bounded LRU of plans with hit/miss statistics. Thread-safe for concurrent dispatch."""
+
+    def __init__(self, maxsize: int = 4096) -> None:
+        if maxsize < 1:
+            raise ValueError(f"PlanCache: maxsize must be >= 1, got {maxsize}")
+        self.maxsize = maxsize
+        self._plans: OrderedDict[Hashable, Plan] = OrderedDict()
+        self._lock = threading.Lock()
+        self.hits = self.misses = self.evictions = self.invalidations = 0
+
+    def get(self, key: Hashable) -> Plan | None:
+        plan = self._plans.get(key)
+        if plan is None:
+            self.misses += 1
+            return None
+        self.hits += 1
+        try:
+            self._plans.move_to_end(key)
+        except KeyError:  # evicted by another thread between get and move
+            pass
+        return plan
+
+    def put(self, key: Hashable, plan: Plan) -> None:
+        with self._lock:
+            self._plans[key] = plan
+            self._plans.move_to_end(key)
+            while len(self._plans) > self.maxsize:
+                self._plans.popitem(last=False)
+                self.evictions += 1
+
+    def invalidate(self, op: str | None = None) -> int:
+        """Drop every plan (op=None) or the plans of one op; returns how many were dropped."""
+        with self._lock:
+            doomed = [k for k in self._plans if op is None or k[0] == op]
+            for key in doomed:
+                del self._plans[key]
+            self.invalidations += len(doomed)
+            return len(doomed)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._plans.clear()
+            self.hits = self.misses = self.evictions = self.invalidations = 0
+
+    def stats(self) -> PlanCacheStats:
+        return PlanCacheStats(
+            self.hits, self.misses, self.evictions, self.invalidations, len(self._plans), self.maxsize
+        )
+
+    def __len__(self) -> int:
+        return len(self._plans)

@@ -1,0 +1,274 @@
+"""KernelPolicy: the user's say in which kernel runs (seeds 000-002).
+
+Precedence, highest first: a scoped `kernel_policy(...)` block (per thread and per asyncio task, via
+contextvars), the global `set_kernel_policy(...)`, the environment (`XPURUNTIME_POLICY`,
+`XPURUNTIME_POLICY_FILE`), and the empty policy (automatic selection everywhere).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import json
+import os
+import threading
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from .abi import MathMode, SyncPolicy
+from .errors import PolicyError
+
+ENV_POLICY = "XPURUNTIME_POLICY"
+ENV_POLICY_FILE = "XPURUNTIME_POLICY_FILE"
+AUTO = "auto"  # a preference of "auto" means: no preference for this op
+_OPTIONS = ("strict", "math_mode", "deterministic", "sync")
+
+_fingerprints: dict[tuple, int] = {}
+_fingerprint_lock = threading.Lock()
+
+
+def _intern(key: tuple) -> int:
+    """A small int per distinct policy content: cheap to hash inside plan-cache keys."""
+    with _fingerprint_lock:
+        return _fingerprints.setdefault(key, len(_fingerprints))
+
+
+def _parse_bool(name: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise PolicyError(f"policy option '{name}' expects true/false, got {value!r}")
+
+
+class KernelPolicy:
+    """Preferred kernel per op, plus strictness, math mode, determinism and sync behaviour.
+
+    >>> KernelPolicy(matmul="cublasLt", attention="flash_v2", strict=False)
+
+    A preferred kernel that supports a call wins (reason "policy"). One that does not gives a warning
+    (once per call signature) and automatic selection (reason "fallback"), or in strict mode an
+    `UnsupportedByPolicyError` listing every candidate's reasons. Op and kernel names are checked
+    against the registry when the policy is built.
+    """
+
+    __slots__ = ("_id", "deterministic", "math_mode", "preferences", "strict", "sync")
+
+    def __init__(
+        self,
+        preferences: Mapping[str, str] | None = None,
+        *,
+        strict: bool = False,
+        math_mode: MathMode | str | None = None,
+        deterministic: bool = False,
+        sync: SyncPolicy | str = SyncPolicy.NO_SYNC,
+        validate: bool = True,
+        **op_preferences: str,
+    ) -> None:
+        prefs = {**(preferences or {}), **op_preferences}
+        for op, name in prefs.items():
+            if not isinstance(name, str):
+                raise PolicyError(f"policy preference for '{op}' must be a kernel name, got {name!r}")
+        prefs = {op: name for op, name in prefs.items() if name != AUTO}
+        if validate:
+            from .registry import default_registry
+
+            registry = default_registry()
+            for op, name in prefs.items():
+                registry.kernel(op, name)  # raises UnknownOpError / UnknownKernelError with a suggestion
+        self.preferences: Mapping[str, str] = MappingProxyType(dict(sorted(prefs.items())))
+        self.strict = _parse_bool("strict", strict)
+        self.math_mode = None if math_mode is None else MathMode.parse(math_mode)
+        self.deterministic = _parse_bool("deterministic", deterministic)
+        self.sync = SyncPolicy.parse(sync)
+        self._id = _intern(self._content())
+
+    def _content(self) -> tuple:
+        mode = self.math_mode.value if self.math_mode else None
+        return (tuple(self.preferences.items()), self.strict, mode, self.deterministic, self.sync.value)
+
+    @property
+    def fingerprint(self) -> int:
+        """Equal for policies with equal content; part of every plan-cache key."""
+        return self._id
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, KernelPolicy) and other._id == self._id
+
+    def __hash__(self) -> int:
+        return self._id
+
+    def __repr__(self) -> str:
+        parts = [f"{op}={name!r}" for op, name in self.preferences.items()]
+        if self.strict:
+            parts.append("strict=True")
+        if self.math_mode:
+            parts.append(f"math_mode={self.math_mode.value!r}")
+        if self.deterministic:
+            parts.append("deterministic=True")
+        if self.sync is not SyncPolicy.NO_SYNC:
+            parts.append(f"sync={self.sync.value!r}")
+        return f"KernelPolicy({', '.join(parts)})"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            **self.preferences,
+            "strict": self.strict,
+            "math_mode": self.math_mode.value if self.math_mode else None,
+            "deterministic": self.deterministic,
+            "sync": self.sync.value,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], source: str = "dict") -> KernelPolicy:
+        """Options (strict, math_mode, deterministic, sync) and op=kernel pairs, flat or under 'preferences'."""
+        data = dict(data)
+        prefs = dict(data.pop("preferences", {}) or {})
+        options = {k: data.pop(k) for k in _OPTIONS if k in data and data[k] is not None}
+        data = {k: v for k, v in data.items() if k not in _OPTIONS}
+        try:
+            return cls({**prefs, **data}, **options)
+        except PolicyError as exc:
+            raise PolicyError(f"{source}: {exc}") from None
+
+    @classmethod
+    def from_string(cls, spec: str, source: str = "policy string") -> KernelPolicy:
+        """Parse 'matmul=cublasLt,attention=flash_v2,strict=true'."""
+        data: dict[str, str] = {}
+        for item in filter(None, (part.strip() for part in spec.split(","))):
+            key, sep, value = item.partition("=")
+            if not sep or not key.strip() or not value.strip():
+                raise PolicyError(f"{source}: expected 'op=kernel' items separated by commas, got {item!r}")
+            data[key.strip()] = value.strip()
+        return cls.from_dict(data, source)
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike) -> KernelPolicy:
+        """Load a TOML (.toml) or JSON (any other suffix) file with the keys `from_dict` takes."""
+        path = Path(path)
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise PolicyError(f"cannot read policy file {path}: {exc.strerror}") from None
+        try:
+            if path.suffix == ".toml":
+                data = _toml().loads(text)
+            else:
+                data = json.loads(text)
+        except ValueError as exc:  # TOMLDecodeError and JSONDecodeError are ValueErrors
+            raise PolicyError(f"policy file {path} is malformed: {exc}") from None
+        if not isinstance(data, dict):
+            raise PolicyError(f"policy file {path}: expected a table/object at the top level")
+        return cls.from_dict(data, f"policy file {path}")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> KernelPolicy | None:
+        """The policy named by XPURUNTIME_POLICY (inline) or XPURUNTIME_POLICY_FILE, or None."""
+        environ = os.environ if environ is None else environ
+        if environ.get(ENV_POLICY):
+            return cls.from_string(environ[ENV_POLICY], f"${ENV_POLICY}")
+        if environ.get(ENV_POLICY_FILE):
+            return cls.from_file(environ[ENV_POLICY_FILE])
+        return None
+
+
+def _toml() -> Any:
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+    return tomllib
+
+
+_EMPTY: KernelPolicy | None = None
+_scoped: contextvars.ContextVar[KernelPolicy | None] = contextvars.ContextVar(
+    "xpuruntime_policy", default=None
+)
+_global: KernelPolicy | None = None
+_environment: KernelPolicy | None = None
+_environment_read = False
+
+
+def _coerce(policy: KernelPolicy | str | Mapping | None, prefs: dict[str, Any]) -> KernelPolicy | None:
+    if policy is None:
+        return KernelPolicy(**prefs) if prefs else None
+    if prefs:
+        raise PolicyError("pass either a KernelPolicy or keyword preferences, not both")
+    if isinstance(policy, KernelPolicy):
+        return policy
+    if isinstance(policy, str):
+        return KernelPolicy.from_string(policy)
+    return KernelPolicy.from_dict(policy)
+
+
+def environment_policy(reload: bool = False) -> KernelPolicy | None:
+    """The policy from the environment, read once (or again with reload=True)."""
+    global _environment, _environment_read
+    if reload or not _environment_read:
+        _environment = KernelPolicy.from_env()
+        _environment_read = True
+    return _environment
+
+
+def empty_policy() -> KernelPolicy:
+    global _EMPTY
+    if _EMPTY is None:
+        _EMPTY = KernelPolicy(validate=False)
+    return _EMPTY
+
+
+def current_policy() -> KernelPolicy:
+    """The policy in force here: scoped, else global, else environment, else empty."""
+    policy = _scoped.get()
+    if policy is not None:
+        return policy
+    if _global is not None:
+        return _global
+    return environment_policy() or empty_policy()
+
+
+def set_kernel_policy(policy: KernelPolicy | str | Mapping | None = None, **prefs: Any) -> None:
+    """Set the process-wide policy: `set_kernel_policy(matmul="cublasLt")`; no arguments clears it."""
+    global _global
+    _global = _coerce(policy, prefs)
+
+
+def get_kernel_policy() -> KernelPolicy:
+    """The policy in force in this thread / task."""
+    return current_policy()
+
+
+def clear_kernel_policy() -> None:
+    """Drop the global policy; the environment's policy (if any) applies again."""
+    set_kernel_policy(None)
+
+
+@contextlib.contextmanager
+def kernel_policy(policy: KernelPolicy | str | Mapping | None = None, **prefs: Any) -> Iterator[KernelPolicy]:
+    """Scoped policy for this thread / asyncio task.
+
+    `kernel_policy(matmul="blocked")` layers its preferences and options over the policy in force;
+    `kernel_policy(KernelPolicy(...))` (or a spec string / mapping) replaces it for the block.
+    """
+    if policy is not None:
+        scoped = _coerce(policy, prefs)
+    else:
+        outer = current_policy()
+        options = {k: prefs.pop(k) for k in _OPTIONS if k in prefs}
+        scoped = KernelPolicy(
+            {**outer.preferences, **prefs},
+            strict=options.get("strict", outer.strict),
+            math_mode=options.get("math_mode", outer.math_mode),
+            deterministic=options.get("deterministic", outer.deterministic),
+            sync=options.get("sync", outer.sync),
+        )
+    token = _scoped.set(scoped)
+    try:
+        yield scoped
+    finally:
+        _scoped.reset(token)

@@ -1,0 +1,236 @@
+"""The kernel registry: a list of kernels and the conditions under which each can run (seed 003).
+
+The registry makes no decisions. It stores op schemas, backends and kernel declarations, and answers
+"why can this kernel not run this call?" with reason strings (empty list = supported), in the manner
+of xformers' `not_supported_reasons`. The selector decides.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .abi import ArgPack, LaunchConfig
+from .errors import RegistrationError, UnknownKernelError, UnknownNameError, UnknownOpError, unknown_name
+
+if TYPE_CHECKING:
+    from .context import DispatchContext
+    from .schema import OpSchema
+
+# A condition returns the reasons it fails: None, "" or [] when the kernel supports the call.
+Condition = Callable[["DispatchContext"], "str | Iterable[str] | None"]
+LaunchFn = Callable[[ArgPack], None]
+
+BUILTIN_BACKENDS = ("xpuruntime.backends.cpu",)
+
+
+@dataclass(frozen=True)
+class Backend:
+    """A family of kernels sharing a device type and a dependency (NumPy, Triton, nvmath, ...).
+
+    `probe` returns why the backend cannot run here (None when it can); it runs once, lazily.
+    `empty(shape, dtype, device)` allocates outputs; `synchronize(device)` backs SyncPolicy.FULL_SYNC.
+    """
+
+    name: str
+    device_type: str
+    empty: Callable[[tuple[int, ...], str, str], Any]
+    probe: Callable[[], str | None] = lambda: None
+    synchronize: Callable[[str], None] = lambda device: None
+    doc: str = ""
+
+    @functools.cached_property
+    def unavailable_reason(self) -> str | None:
+        try:
+            return self.probe()
+        except Exception as exc:  # a probe that crashes means "unavailable", never a crash here
+            return f"probe failed: {exc!r}"
+
+
+def _default_launch_config(ctx: DispatchContext) -> LaunchConfig:
+    return LaunchConfig()
+
+
+def _no_workspace(ctx: DispatchContext) -> int:
+    return 0
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """One kernel, declared once: what it computes, where it can run, how to launch it."""
+
+    op: str
+    name: str
+    backend: str
+    launch: LaunchFn
+    dtypes: frozenset[str] | None = None  # None: any dtype the op accepts
+    conditions: tuple[Condition, ...] = ()
+    priority: int = 0
+    fused: bool = False
+    tensor_cores: bool = False
+    deterministic: bool = True
+    min_compute_capability: tuple[int, int] | None = None
+    launch_config: Callable[[DispatchContext], LaunchConfig] = _default_launch_config
+    workspace_bytes: Callable[[DispatchContext], int] = _no_workspace
+    doc: str = ""
+
+    @property
+    def qualified_name(self) -> str:
+        return f"{self.op}/{self.name}"
+
+    def not_supported_reasons(self, ctx: DispatchContext) -> list[str]:
+        """Every reason this kernel cannot run `ctx`, from its declared limits and its conditions."""
+        reasons = []
+        if self.dtypes is not None:
+            bad = sorted({d for d in ctx.dtypes if d not in self.dtypes})
+            if bad:
+                reasons.append(f"dtype {', '.join(bad)} not in {{{', '.join(sorted(self.dtypes))}}}")
+        if self.min_compute_capability is not None:
+            cc = ctx.compute_capability
+            if cc is None or cc < self.min_compute_capability:
+                want = "sm%d%d" % self.min_compute_capability
+                reasons.append(
+                    f"needs {want}+, device has {'no compute capability' if cc is None else 'sm%d%d' % cc}"
+                )
+        if ctx.deterministic and not self.deterministic:
+            reasons.append("not deterministic (policy asks for deterministic=True)")
+        for condition in self.conditions:
+            answer = condition(ctx)
+            if answer:
+                reasons.extend([answer] if isinstance(answer, str) else answer)
+        return reasons
+
+
+def kernel(op: str, name: str, *, backend: str, **hints: Any) -> Callable[[LaunchFn], KernelSpec]:
+    """Decorator declaring a launch function as a kernel; register the result with a Registry."""
+
+    def declare(launch: LaunchFn) -> KernelSpec:
+        hints.setdefault("doc", (launch.__doc__ or "").strip().split("\n")[0])
+        if "dtypes" in hints and hints["dtypes"] is not None:
+            hints["dtypes"] = frozenset(hints["dtypes"])
+        return KernelSpec(op=op, name=name, backend=backend, launch=launch, **hints)
+
+    return declare
+
+
+@dataclass
+class Registry:
+    """Op schemas, backends and kernels. Listeners hear the op name whenever that op's kernels change."""
+
+    ops: dict[str, OpSchema] = field(default_factory=dict)
+    backends: dict[str, Backend] = field(default_factory=dict)
+    kernels: dict[str, dict[str, KernelSpec]] = field(default_factory=dict)
+    missing_backends: dict[str, str] = field(default_factory=dict)  # module -> why it did not load
+    _listeners: list[Callable[[str], None]] = field(default_factory=list)
+
+    def register_op(self, schema: OpSchema) -> OpSchema:
+        if schema.name in self.ops:
+            raise RegistrationError(f"op '{schema.name}' is already registered")
+        self.ops[schema.name] = schema
+        self.kernels[schema.name] = {}
+        return schema
+
+    def register_backend(self, backend: Backend) -> Backend:
+        if backend.name in self.backends:
+            raise RegistrationError(f"backend '{backend.name}' is already registered")
+        self.backends[backend.name] = backend
+        return backend
+
+    def register_kernel(self, spec: KernelSpec) -> KernelSpec:
+        """Add a kernel; a second kernel with the same name for the same op is an error."""
+        table = self.kernels.get(spec.op)
+        if table is None:
+            raise unknown_name(UnknownOpError, "op", spec.op, self.ops)
+        if spec.backend not in self.backends:
+            raise unknown_name(UnknownNameError, "backend", spec.backend, self.backends)
+        if spec.name in table:
+            raise RegistrationError(f"{spec.op}: a kernel named '{spec.name}' is already registered")
+        table[spec.name] = spec
+        self._changed(spec.op)
+        return spec
+
+    def unregister_kernel(self, op: str, name: str) -> None:
+        self.kernel(op, name)
+        del self.kernels[op][name]
+        self._changed(op)
+
+    def on_change(self, listener: Callable[[str], None]) -> None:
+        self._listeners.append(listener)
+
+    def _changed(self, op: str) -> None:
+        for listener in self._listeners:
+            listener(op)
+
+    def op(self, name: str) -> OpSchema:
+        try:
+            return self.ops[name]
+        except KeyError:
+            raise unknown_name(UnknownOpError, "op", name, self.ops) from None
+
+    def kernels_for(self, op: str) -> list[KernelSpec]:
+        self.op(op)
+        return list(self.kernels[op].values())
+
+    def kernel(self, op: str, name: str) -> KernelSpec:
+        table = self.kernels.get(op)
+        if table is None:
+            raise unknown_name(UnknownOpError, "op", op, self.ops)
+        try:
+            return table[name]
+        except KeyError:
+            raise unknown_name(UnknownKernelError, f"kernel for op '{op}'", name, table) from None
+
+    def not_supported_reasons(self, spec: KernelSpec, ctx: DispatchContext) -> list[str]:
+        """Backend availability and device type first, then the kernel's own conditions."""
+        backend = self.backends[spec.backend]
+        if backend.unavailable_reason:
+            return [f"backend '{backend.name}' unavailable: {backend.unavailable_reason}"]
+        device_type = ctx.device.split(":")[0]
+        if device_type != backend.device_type:
+            return [f"runs on {backend.device_type}, arguments are on {ctx.device}"]
+        return spec.not_supported_reasons(ctx)
+
+    def load_builtins(self) -> None:
+        """Register the built-in ops and every built-in backend whose module imports."""
+        from .ops import SCHEMAS
+
+        for schema in SCHEMAS:
+            self.register_op(schema)
+        for module_name in BUILTIN_BACKENDS:
+            try:
+                module = importlib.import_module(module_name)
+            except ImportError as exc:
+                self.missing_backends[module_name] = str(exc)
+                continue
+            self.register_backend(module.BACKEND)
+            for spec in module.KERNELS:
+                self.register_kernel(spec)
+
+
+_default: Registry | None = None
+_default_lock = threading.Lock()
+
+
+def default_registry() -> Registry:
+    """The process-wide registry, with built-in ops and backends loaded on first use."""
+    global _default
+    if _default is None:
+        with _default_lock:
+            if _default is None:
+                registry = Registry()
+                registry.load_builtins()
+                _default = registry
+    return _default
+
+
+def register_kernel(op: str, name: str, *, backend: str, **hints: Any) -> Callable[[LaunchFn], KernelSpec]:
+    """Decorator: declare a kernel and add it to the default registry (invalidating that op's plans)."""
+
+    def declare_and_register(launch: LaunchFn) -> KernelSpec:
+        return default_registry().register_kernel(kernel(op, name, backend=backend, **hints)(launch))
+
+    return declare_and_register

@@ -1,0 +1,48 @@
+"""Op schema: what an op means, independent of any kernel (seed 004: InferShape, InferDType, CheckLayout).
+
+A schema names the op's array arguments and attributes, validates a call (raising errors that name
+the argument), infers the output's shape and dtype, states the aliasing rule and carries a float64
+NumPy reference used by the tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .context import DispatchContext
+
+
+def _no_attrs(ctx: DispatchContext) -> dict[str, Any]:
+    return dict(ctx.attrs)
+
+
+def _no_flops(ctx: DispatchContext) -> int:
+    return 0
+
+
+@dataclass(frozen=True)
+class OpSchema:
+    """Declares one op. Kernels for it are registered separately, per backend."""
+
+    name: str
+    inputs: tuple[str, ...]
+    infer_dtype: Callable[[DispatchContext], str]
+    infer_shape: Callable[[DispatchContext], tuple[int, ...]]
+    reference: Callable[..., Any]
+    attrs: tuple[str, ...] = ()
+    defaults: Mapping[str, Any] = field(default_factory=dict)  # attribute defaults, for `explain`
+    optional: frozenset[str] = field(default_factory=frozenset)  # inputs that may be None
+    scalars: frozenset[str] = field(default_factory=frozenset)  # inputs that may be Python numbers
+    normalize_attrs: Callable[[DispatchContext], dict[str, Any]] = _no_attrs
+    inplace: bool = False  # `out` may be exactly an input's view (elementwise-style ops)
+    flops: Callable[[DispatchContext], int] = _no_flops
+    doc: str = ""
+
+    def check_layout(self, inputs: tuple, out: Any) -> None:
+        """CheckLayout: the aliasing rule between a caller's `out` and the inputs."""
+        from .arrays import check_output_aliasing
+
+        check_output_aliasing(self.name, self.inputs, inputs, out, self.inplace)
