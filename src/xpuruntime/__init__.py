@@ -85,7 +85,7 @@ if TYPE_CHECKING:
     from .context import DispatchContext
     from .device import DeviceInfo, devices
     from .dispatch import Dispatcher, default_dispatcher, explain, plan_cache
-    from .errors import *  # noqa: F403
+    from .errors import *
     from .log import (
         DispatchRecord,
         clear_dispatch_logs,

@@ -88,9 +88,7 @@ def _describe_input(schema: OpSchema, name: str, value: Any) -> InputSpec:
     return describe(value)
 
 
-def _common_device(
-    op: str, names: tuple[str, ...], specs: tuple[InputSpec, ...], out: TensorSpec | None
-) -> str:
+def _common_device(op: str, names: tuple[str, ...], specs: tuple[InputSpec, ...], out: TensorSpec | None) -> str:
     device, first = None, None
     for name, spec in (*zip(names, specs), ("out", out)):
         if not isinstance(spec, TensorSpec):
@@ -98,22 +96,16 @@ def _common_device(
         if device is None:
             device, first = spec.device, name
         elif spec.device != device:
-            raise argument_error(
-                DeviceMismatchError, op, name, f"device {device} (like '{first}')", spec.device
-            )
+            raise argument_error(DeviceMismatchError, op, name, f"device {device} (like '{first}')", spec.device)
     return device or "cpu"
 
 
-def build_context(
-    schema: OpSchema, inputs: tuple, attrs: tuple, out: Any, policy: KernelPolicy
-) -> DispatchContext:
+def build_context(schema: OpSchema, inputs: tuple, attrs: tuple, out: Any, policy: KernelPolicy) -> DispatchContext:
     """Validate a call against its schema and describe it; raises errors naming the bad argument."""
     from .device import compute_capability
 
     if len(inputs) != len(schema.inputs):
-        raise ArgumentError(
-            f"{schema.name}: expected {len(schema.inputs)} inputs {schema.inputs}, got {len(inputs)}"
-        )
+        raise ArgumentError(f"{schema.name}: expected {len(schema.inputs)} inputs {schema.inputs}, got {len(inputs)}")
     specs = tuple(_describe_input(schema, n, v) for n, v in zip(schema.inputs, inputs))
     out_spec = None if out is None else describe(out)
     device = _common_device(schema.name, schema.inputs, specs, out_spec)

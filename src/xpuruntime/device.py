@@ -53,11 +53,7 @@ def _cuda_via_cuda_python() -> list[DeviceInfo]:
         err, prop = runtime.cudaGetDeviceProperties(i)
         if int(err) != 0:
             raise RuntimeError(f"cudaGetDeviceProperties({i}) failed: {err}")
-        name = (
-            prop.name.decode(errors="replace").rstrip("\x00")
-            if isinstance(prop.name, bytes)
-            else str(prop.name)
-        )
+        name = prop.name.decode(errors="replace").rstrip("\x00") if isinstance(prop.name, bytes) else str(prop.name)
         found.append(
             DeviceInfo(f"cuda:{i}", "cuda", name, (prop.major, prop.minor), prop.multiProcessorCount,
                        prop.totalGlobalMem, "cuda-python")

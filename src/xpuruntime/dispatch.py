@@ -14,6 +14,8 @@ from collections.abc import Hashable, Mapping
 from types import MappingProxyType
 from typing import Any
 
+from numpy import ndarray
+
 from .abi import ArgPack, SyncPolicy
 from .arrays import NotAnArray, as_array, signature
 from .context import build_context
@@ -59,13 +61,8 @@ class Dispatcher:
         start = time.perf_counter_ns() if OBSERVERS else 0
         policy = current_policy()
         try:
-            key = (
-                op,
-                policy._id,
-                attrs,
-                *[signature(x) for x in inputs],
-                None if out is None else signature(out),
-            )
+            sigs = [(x.dtype, x.shape, x.strides) if type(x) is ndarray else signature(x) for x in inputs]
+            key = (op, policy._id, attrs, *sigs, None if out is None else signature(out))
             plan = self.plans.get(key)
         except (NotAnArray, TypeError):
             inputs, attrs, key = self._normalize_call(op, inputs, attrs, out, policy)
@@ -119,9 +116,7 @@ class Dispatcher:
             raise ArgumentError(f"{op}: argument 'out' expected an array, got {type(out).__name__}") from None
         return inputs, attrs, (op, policy._id, attrs, *[signature(x) for x in inputs], out_key)
 
-    def _plan_miss(
-        self, op: str, inputs: tuple, attrs: tuple, out: Any, policy: KernelPolicy, key: Hashable
-    ) -> Plan:
+    def _plan_miss(self, op: str, inputs: tuple, attrs: tuple, out: Any, policy: KernelPolicy, key: Hashable) -> Plan:
         decision = self.decide(op, inputs, attrs, out, policy)
         if decision.reason == "fallback":
             self._warn_fallback(decision, key)
@@ -178,9 +173,7 @@ class Dispatcher:
         schema = self.registry.op(op)
         unknown = set(attrs) - set(schema.attrs)
         if unknown:
-            raise ArgumentError(
-                f"{op}: unknown attribute(s) {sorted(unknown)}; the op takes {list(schema.attrs)}"
-            )
+            raise ArgumentError(f"{op}: unknown attribute(s) {sorted(unknown)}; the op takes {list(schema.attrs)}")
         missing = schema.inputs[len(inputs) :]
         if any(name not in schema.optional for name in missing):
             raise ArgumentError(f"{op}: expected inputs {schema.inputs}, got {len(inputs)}")

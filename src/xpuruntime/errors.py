@@ -66,9 +66,7 @@ class LaunchError(XpuRuntimeError, RuntimeError):
     """A kernel failed while running; the message names op, kernel and launch config."""
 
 
-def argument_error(
-    cls: type[XpuRuntimeError], op: str, arg: str, expected: str, got: object
-) -> XpuRuntimeError:
+def argument_error(cls: type[XpuRuntimeError], op: str, arg: str, expected: str, got: object) -> XpuRuntimeError:
     """Build `cls` with the standard message `op: argument 'arg' expected ..., got ...`."""
     return cls(f"{op}: argument '{arg}' expected {expected}, got {got}")
 

@@ -55,9 +55,7 @@ class Explanation:
         for row in self.rows():
             score = "-" if row["score"] is None else f"{row['score']:g}"
             reasons = "; ".join(row["reasons"])
-            lines.append(
-                f"  {row['kernel']:<16} {row['backend']:<8} {row['verdict']:<20} {score:>6}  {reasons}"
-            )
+            lines.append(f"  {row['kernel']:<16} {row['backend']:<8} {row['verdict']:<20} {score:>6}  {reasons}")
         if self.error is not None:
             lines.append(str(self.error))
         return "\n".join(lines)
@@ -72,9 +70,7 @@ class Explanation:
             style = "bold green" if row["verdict"].startswith("selected") else (
                 "red" if row["verdict"] == "rejected" else None)  # fmt: skip
             score = "-" if row["score"] is None else f"{row['score']:g}"
-            table.add_row(
-                row["kernel"], row["backend"], row["verdict"], score, "\n".join(row["reasons"]), style=style
-            )
+            table.add_row(row["kernel"], row["backend"], row["verdict"], score, "\n".join(row["reasons"]), style=style)
         return table
 
     def print(self) -> None:

@@ -186,9 +186,7 @@ def _toml() -> Any:
 
 
 _EMPTY: KernelPolicy | None = None
-_scoped: contextvars.ContextVar[KernelPolicy | None] = contextvars.ContextVar(
-    "xpuruntime_policy", default=None
-)
+_scoped: contextvars.ContextVar[KernelPolicy | None] = contextvars.ContextVar("xpuruntime_policy", default=None)
 _global: KernelPolicy | None = None
 _environment: KernelPolicy | None = None
 _environment_read = False

@@ -104,9 +104,7 @@ class Profiler:
             yield
         finally:
             end = time.perf_counter_ns()
-            self.ranges.append(
-                RangeEvent(name, self._us(start), (end - start) / 1000.0, threading.get_ident())
-            )
+            self.ranges.append(RangeEvent(name, self._us(start), (end - start) / 1000.0, threading.get_ident()))
 
     def chrome_trace(self) -> dict[str, Any]:
         """The trace as a dict in the Chrome trace-event format (complete events)."""

@@ -92,10 +92,8 @@ class KernelSpec:
         if self.min_compute_capability is not None:
             cc = ctx.compute_capability
             if cc is None or cc < self.min_compute_capability:
-                want = "sm%d%d" % self.min_compute_capability
-                reasons.append(
-                    f"needs {want}+, device has {'no compute capability' if cc is None else 'sm%d%d' % cc}"
-                )
+                have = "no compute capability" if cc is None else _sm(cc)
+                reasons.append(f"needs {_sm(self.min_compute_capability)}+, device has {have}")
         if ctx.deterministic and not self.deterministic:
             reasons.append("not deterministic (policy asks for deterministic=True)")
         for condition in self.conditions:
@@ -103,6 +101,10 @@ class KernelSpec:
             if answer:
                 reasons.extend([answer] if isinstance(answer, str) else answer)
         return reasons
+
+
+def _sm(cc: tuple[int, int]) -> str:
+    return f"sm{cc[0]}{cc[1]}"
 
 
 def kernel(op: str, name: str, *, backend: str, **hints: Any) -> Callable[[LaunchFn], KernelSpec]:

@@ -97,8 +97,7 @@ class Selector:
                 )
         if best is None:
             raise NoKernelError(
-                f"{ctx.op}: no registered kernel supports this call ({ctx.summary()}):\n"
-                f"{_format_reasons(candidates)}"
+                f"{ctx.op}: no registered kernel supports this call ({ctx.summary()}):\n{_format_reasons(candidates)}"
             )
         reason = "auto" if preferred is None else "fallback"
         return Decision(ctx, best.kernel, reason, preferred, tuple(candidates))

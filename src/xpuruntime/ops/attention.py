@@ -23,13 +23,9 @@ def _normalize_attrs(ctx: DispatchContext) -> dict[str, Any]:
         require_ndim(ctx, name, 2)
     q, k, v = (ctx.tensor(n).shape for n in ("q", "k", "v"))
     if k[-1] != q[-1]:
-        raise argument_error(
-            ShapeError, ctx.op, "k", f"last dim {q[-1]} (the head dim E of 'q')", f"shape {k}"
-        )
+        raise argument_error(ShapeError, ctx.op, "k", f"last dim {q[-1]} (the head dim E of 'q')", f"shape {k}")
     if v[-2] != k[-2]:
-        raise argument_error(
-            ShapeError, ctx.op, "v", f"{k[-2]} rows (the sequence length S of 'k')", f"shape {v}"
-        )
+        raise argument_error(ShapeError, ctx.op, "v", f"{k[-2]} rows (the sequence length S of 'k')", f"shape {v}")
     if q[-1] == 0:
         raise argument_error(ShapeError, ctx.op, "q", "a head dim E >= 1", f"shape {q}")
     batch = broadcast(ctx.op, [("q", q[:-2]), ("k", k[:-2]), ("v", v[:-2])])
@@ -45,10 +41,8 @@ def _normalize_attrs(ctx: DispatchContext) -> dict[str, Any]:
         raise ArgumentError(f"{ctx.op}: pass either 'attn_mask' or is_causal=True, not both")
     if ctx.has_tensor("attn_mask"):
         mask = ctx.tensor("attn_mask").shape
-        if broadcast(ctx.op, [("attn_mask", mask), ("q", (*batch, L, S))]) != (*batch, L, S):
-            raise argument_error(
-                ShapeError, ctx.op, "attn_mask", f"a shape broadcastable to {(*batch, L, S)}", mask
-            )
+        if broadcast(ctx.op, [("scores", (*batch, L, S)), ("attn_mask", mask)]) != (*batch, L, S):
+            raise argument_error(ShapeError, ctx.op, "attn_mask", f"a shape broadcastable to {(*batch, L, S)}", mask)
     if scale is None:
         scale = 1.0 / math.sqrt(q[-1])
     elif not isinstance(scale, numbers.Real) or isinstance(scale, bool) or not math.isfinite(scale):

@@ -18,9 +18,7 @@ CPU_FLOAT_DTYPES = frozenset({"float16", "float32", "float64"})  # NumPy has no 
 def require_float(ctx: DispatchContext, name: str) -> str:
     dtype = ctx.tensor(name).dtype
     if dtype not in FLOAT_DTYPES:
-        raise argument_error(
-            DTypeError, ctx.op, name, f"a floating dtype ({', '.join(sorted(FLOAT_DTYPES))})", dtype
-        )
+        raise argument_error(DTypeError, ctx.op, name, f"a floating dtype ({', '.join(sorted(FLOAT_DTYPES))})", dtype)
     return dtype
 
 
@@ -60,9 +58,7 @@ def broadcast(op: str, shapes: Sequence[tuple[str, tuple[int, ...]]]) -> tuple[i
         for r, s in zip(padded_r, padded_s):
             if r != s and 1 not in (r, s):
                 with_ = " and ".join(f"'{n}'" for n in seen)
-                raise argument_error(
-                    ShapeError, op, name, f"a shape broadcastable with {with_} {result}", shape
-                )
+                raise argument_error(ShapeError, op, name, f"a shape broadcastable with {with_} {result}", shape)
             merged.append(s if r == 1 else r)
         result = tuple(merged)
         seen.append(name)

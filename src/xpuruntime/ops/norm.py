@@ -25,13 +25,9 @@ def _normalized_shape(ctx: DispatchContext) -> tuple[int, ...]:
         ) from None
     x = ctx.tensor("x").shape
     if not dims or x[len(x) - len(dims) :] != dims or len(dims) > len(x):
-        raise argument_error(
-            ShapeError, ctx.op, "x", f"trailing dimensions {dims} (normalized_shape)", f"shape {x}"
-        )
+        raise argument_error(ShapeError, ctx.op, "x", f"trailing dimensions {dims} (normalized_shape)", f"shape {x}")
     if numel(dims) == 0:
-        raise argument_error(
-            ShapeError, ctx.op, "normalized_shape", "at least one element to normalize over", dims
-        )
+        raise argument_error(ShapeError, ctx.op, "normalized_shape", "at least one element to normalize over", dims)
     return dims
 
 
@@ -47,9 +43,7 @@ def _eps(ctx: DispatchContext, default: float | None) -> float:
 def _check_params(ctx: DispatchContext, names: tuple[str, ...], dims: tuple[int, ...]) -> None:
     for name in names:
         if ctx.has_tensor(name) and ctx.tensor(name).shape != dims:
-            raise argument_error(
-                ShapeError, ctx.op, name, f"shape {dims} (normalized_shape)", ctx.tensor(name).shape
-            )
+            raise argument_error(ShapeError, ctx.op, name, f"shape {dims} (normalized_shape)", ctx.tensor(name).shape)
 
 
 def _layer_norm_attrs(ctx: DispatchContext) -> dict[str, Any]:
@@ -92,9 +86,7 @@ def layer_norm_reference(
     return y
 
 
-def rms_norm_reference(
-    x: Any, normalized_shape: Any, weight: Any = None, eps: float | None = None
-) -> np.ndarray:
+def rms_norm_reference(x: Any, normalized_shape: Any, weight: Any = None, eps: float | None = None) -> np.ndarray:
     """float64 reference; eps=None means the input dtype's machine epsilon, as PyTorch."""
     x_in = np.asarray(x)
     eps = float(np.finfo(x_in.dtype).eps) if eps is None else eps

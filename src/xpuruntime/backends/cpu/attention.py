@@ -34,9 +34,7 @@ def _fits_in_memory(ctx: DispatchContext) -> str | None:
     return None
 
 
-def _masked_scores(
-    args: ArgPack, q: np.ndarray, k: np.ndarray, rows: slice, cols: slice, out: np.ndarray
-) -> None:
+def _masked_scores(args: ArgPack, q: np.ndarray, k: np.ndarray, rows: slice, cols: slice, out: np.ndarray) -> None:
     """out = q[rows] k[cols]^T * scale, with the mask or causal structure applied (-inf = hidden)."""
     np.matmul(q[..., rows, :], np.swapaxes(k[..., cols, :], -1, -2), out=out)
     out *= args.attrs["scale"]
@@ -52,9 +50,7 @@ def _masked_scores(
             out += block
 
 
-@kernel(
-    "attention", "math", backend="cpu", dtypes=CPU_FLOAT_DTYPES, priority=10, conditions=(_fits_in_memory,)
-)
+@kernel("attention", "math", backend="cpu", dtypes=CPU_FLOAT_DTYPES, priority=10, conditions=(_fits_in_memory,))
 def attention_math(args: ArgPack) -> None:
     """softmax(q k^T * scale + mask) v with the full score matrix."""
     q, k, v = (as_compute(t) for t in args.inputs[:3])
@@ -99,17 +95,13 @@ def attention_chunked(args: ArgPack) -> None:
         running_max = np.full((*batch, nq, 1), -np.inf, q.dtype)
         running_sum = np.zeros((*batch, nq, 1), q.dtype)
         acc = np.zeros((*batch, nq, v.shape[-1]), q.dtype)
-        last_key = (
-            min(S, rows.stop) if at["is_causal"] else S
-        )  # causal: keys past the block's last row are hidden
+        last_key = min(S, rows.stop) if at["is_causal"] else S  # causal: keys past the block's last row are hidden
         for j in range(0, last_key, block_k):
             cols = slice(j, min(j + block_k, S))
             scores = scratch[..., :nq, : cols.stop - cols.start]
             _masked_scores(args, q, k, rows, cols, scores)
             new_max = np.maximum(running_max, scores.max(axis=-1, keepdims=True))
-            shift = np.where(
-                np.isneginf(new_max), 0.0, new_max
-            )  # keep exp() finite while a row sees nothing yet
+            shift = np.where(np.isneginf(new_max), 0.0, new_max)  # keep exp() finite while a row sees nothing yet
             np.exp(scores - shift, out=scores)
             correction = np.exp(running_max - shift)
             running_sum = running_sum * correction + scores.sum(axis=-1, keepdims=True)

@@ -1,0 +1,91 @@
+"""Dispatcher overhead on a plan-cache hit, against calling the same kernel directly.
+
+For each op the same tiny problem (so the kernel itself costs little) is timed three ways:
+  direct   the NumPy call the CPU kernel makes, as a user would write it (allocates its output)
+  launch   the registered kernel's launch function with a pre-built ArgPack, plus output allocation
+  xrt      the public front end, `xrt.ops.<op>(...)`, which goes through policy, plan cache and launch
+and the overhead (xrt - direct, xrt - launch) is printed in µs. Target: <= 3 µs (DESIGN §4).
+
+    python benchmarks/dispatch_overhead.py [--json results.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import timeit
+from collections.abc import Callable
+
+import numpy as np
+
+import xpuruntime as xrt
+from xpuruntime.abi import ArgPack
+
+TARGET_US = 3.0
+
+
+def per_call_us(fn: Callable[[], object], number: int = 20_000, repeat: int = 15) -> float:
+    """Median over `repeat` runs of the mean time per call, in µs."""
+    fn()
+    runs = timeit.repeat(fn, number=number, repeat=repeat)
+    return statistics.median(runs) / number * 1e6
+
+
+def cases() -> list[tuple[str, Callable[[], object], Callable[[], object], tuple, tuple]]:
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((4, 4), dtype=np.float32)
+    b = rng.standard_normal((4, 4), dtype=np.float32)
+    x = rng.standard_normal((64,), dtype=np.float32)
+    return [
+        ("matmul 4x4", lambda: xrt.ops.matmul(a, b), lambda: np.matmul(a, b), ("matmul", a, b), ()),
+        ("sin_affine 64", lambda: xrt.ops.sin_affine(x, 2.0, 0.5), lambda: np.sin(2.0 * x + 0.5), ("sin_affine", x, 2.0, 0.5), ()),
+        ("sum 64", lambda: xrt.ops.sum(x), lambda: np.sum(x, dtype=np.float64), ("sum", x), (-1, False)),
+    ]  # fmt: skip
+
+
+def launch_only(op: str, *inputs: object, attrs: tuple = ()) -> Callable[[], object]:
+    """The selected kernel's launch function called directly, with its output allocated per call."""
+    plan = xrt.default_dispatcher().plan(op, *inputs, attrs=attrs)
+
+    def call() -> object:
+        out = plan.allocate()
+        plan.launch(ArgPack(inputs, out, plan.attrs, plan.config, None))
+        return out
+
+    return call
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", help="also write the results to this JSON file")
+    args = parser.parse_args()
+
+    rows = []
+    for name, through_xrt, direct, (op, *inputs), attrs in cases():
+        t_xrt = per_call_us(through_xrt)
+        t_direct = per_call_us(direct)
+        t_launch = per_call_us(launch_only(op, *inputs, attrs=attrs))
+        rows.append({"case": name, "xrt_us": t_xrt, "direct_us": t_direct, "launch_us": t_launch,
+                     "overhead_vs_direct_us": t_xrt - t_direct, "overhead_vs_launch_us": t_xrt - t_launch})  # fmt: skip
+
+    stats = xrt.plan_cache().stats()
+    print(f"Python {platform.python_version()} on {platform.machine()}, NumPy {np.__version__}")
+    print(f"{'case':<16}{'xrt µs':>9}{'direct µs':>11}{'launch µs':>11}{'overhead vs direct':>20}{'vs launch':>11}")
+    for r in rows:
+        print(f"{r['case']:<16}{r['xrt_us']:>9.2f}{r['direct_us']:>11.2f}{r['launch_us']:>11.2f}"
+              f"{r['overhead_vs_direct_us']:>20.2f}{r['overhead_vs_launch_us']:>11.2f}")  # fmt: skip
+    print(f"plan cache: {stats.hits} hits, {stats.misses} misses")
+    worst = max(r["overhead_vs_launch_us"] for r in rows)
+    verdict = "meets" if worst <= TARGET_US else "MISSES"
+    print(f"worst overhead over the kernel's own launch: {worst:.2f} µs ({verdict} the {TARGET_US} µs target)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"python": platform.python_version(), "numpy": np.__version__, "rows": rows}, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

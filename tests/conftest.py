@@ -1,0 +1,75 @@
+"""Shared fixtures: every test starts with no policy, no logging and no profiler, and GPU tests skip
+cleanly on machines without a CUDA device."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import xpuruntime as xrt
+from xpuruntime import log, policy
+from xpuruntime.abi import TensorSpec
+from xpuruntime.context import DispatchContext
+from xpuruntime.registry import Backend, Registry, kernel
+from xpuruntime.schema import OpSchema
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    from xpuruntime.device import devices
+
+    if any(d.kind == "cuda" for d in devices()):
+        return
+    skip = pytest.mark.skip(reason="no CUDA device on this machine")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def clean_runtime_state(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.delenv(policy.ENV_POLICY, raising=False)
+    monkeypatch.delenv(policy.ENV_POLICY_FILE, raising=False)
+    monkeypatch.setattr(policy, "_environment_read", False)  # re-read the (now clean) environment
+    xrt.clear_kernel_policy()
+    yield
+    xrt.clear_kernel_policy()
+    xrt.disable_dispatch_logging()
+    xrt.clear_dispatch_logs()
+    assert not log.OBSERVERS, "a test left an observer (profiler / logging) active"
+
+
+def make_toy_registry(*kernels_spec: dict) -> Registry:
+    """A registry with one op 'toy' (y = x) on a 'cpu' backend and the given kernels.
+
+    Each kernel dict holds `name` plus any KernelSpec hint; every kernel writes its own index + x into
+    the output, so a test can see which kernel ran.
+    """
+    registry = Registry()
+    registry.register_op(
+        OpSchema(
+            name="toy",
+            inputs=("x",),
+            infer_dtype=lambda ctx: ctx.tensor("x").dtype,
+            infer_shape=lambda ctx: ctx.tensor("x").shape,
+            reference=lambda x: np.asarray(x, np.float64),
+        )
+    )
+    registry.register_backend(Backend("cpu", "cpu", empty=lambda shape, dtype, device: np.empty(shape, dtype)))
+    for index, spec in enumerate(kernels_spec):
+        hints = dict(spec)
+        name = hints.pop("name")
+        hints.setdefault("backend", "cpu")
+
+        def launch(args, index=index) -> None:
+            np.add(args.inputs[0], index, out=args.out)
+
+        registry.register_kernel(kernel("toy", name, **hints)(launch))
+    return registry
+
+
+def toy_context(registry: Registry, dtype: str = "float32", shape=(4, 4), **overrides) -> DispatchContext:
+    """A hand-made context for the toy op (lets tests set compute capability, device, determinism)."""
+    fields = dict(op="toy", arg_names=("x",), inputs=(TensorSpec(shape, dtype),), attrs={}, out_shape=shape,
+                  out_dtype=dtype)  # fmt: skip
+    fields.update(overrides)
+    return DispatchContext(**fields)

@@ -1,0 +1,114 @@
+"""Dispatch log, explain and the profiler's Chrome trace."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import numpy as np
+import pytest
+
+import xpuruntime as xrt
+from xpuruntime.abi import TensorSpec
+from xpuruntime.errors import KernelFallbackWarning
+
+rng = np.random.default_rng(3)
+
+
+def test_dispatch_log_records_kernel_reason_shapes_and_time():
+    a = rng.standard_normal((6, 5)).astype(np.float32)
+    b = rng.standard_normal((5, 7)).astype(np.float32)
+    xrt.ops.matmul(a, b)  # not logged: logging is off
+    xrt.enable_dispatch_logging()
+    xrt.ops.matmul(a, b)
+    with xrt.kernel_policy(matmul="blocked"):
+        xrt.ops.matmul(a, b)
+        xrt.ops.matmul(a, b)
+    with xrt.kernel_policy(matmul="gemv"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", KernelFallbackWarning)
+        xrt.ops.matmul(a, b)
+    logs = xrt.get_dispatch_logs()
+    assert [(r.selected_kernel, r.reason, r.cache_hit) for r in logs] == [
+        ("numpy_blas", "auto", True), ("blocked", "policy", False), ("blocked", "policy", True),
+        ("numpy_blas", "fallback", False),
+    ]  # fmt: skip
+    record = logs[1]
+    assert record.op_name == "matmul" and record.backend == "cpu" and record.dtype == "float32"
+    assert record.input_shapes == ((6, 5), (5, 7))
+    assert record.elapsed_us > 0 and "BM=6" in record.launch_config
+    assert record.as_dict()["selected_kernel"] == "blocked"
+    xrt.clear_dispatch_logs()
+    assert xrt.get_dispatch_logs() == []
+
+
+def test_dispatch_log_is_bounded_and_can_be_disabled():
+    x = np.ones(4)
+    xrt.enable_dispatch_logging(max_records=5)
+    for n in range(1, 9):
+        xrt.ops.sum(np.ones(n))
+    shapes = [r.input_shapes[0] for r in xrt.get_dispatch_logs()]
+    assert shapes == [(4,), (5,), (6,), (7,), (8,)]  # the oldest were dropped
+    xrt.disable_dispatch_logging()
+    xrt.ops.sum(x)
+    assert len(xrt.get_dispatch_logs()) == 5
+
+
+def test_explain_shows_every_candidate_with_verdict_reasons_and_score(capsys):
+    explanation = xrt.explain("matmul", TensorSpec((1, 64)), TensorSpec((64, 32)), policy="matmul=blocked")
+    printed = capsys.readouterr().out
+    rows = {r["kernel"]: r for r in explanation.rows()}
+    assert explanation.selected == "blocked"
+    assert rows["blocked"]["verdict"] == "selected (policy)" and rows["blocked"]["score"] == 0
+    assert rows["gemv"]["verdict"] == "supported" and rows["gemv"]["score"] == 20
+    assert rows["numpy_blas"]["score"] == 10
+    for name in ("blocked", "gemv", "numpy_blas", "selected (policy)"):
+        assert name in printed
+    rejected = xrt.explain("attention", TensorSpec((4, 9000, 64)), TensorSpec((4, 9000, 64)),
+                           TensorSpec((4, 9000, 64)), show=False)  # fmt: skip
+    text = str(rejected)
+    assert "math" in text and "score matrix has 324000000 elements" in text and rejected.selected == "chunked"
+
+
+def test_explain_reports_when_nothing_can_run():
+    explanation = xrt.explain("matmul", TensorSpec((4, 4), "bfloat16"), TensorSpec((4, 4), "bfloat16"), show=False)
+    assert explanation.selected is None and isinstance(explanation.error, xrt.NoKernelError)
+    assert all(r["verdict"] == "rejected" for r in explanation.rows())
+    assert "dtype bfloat16 not in" in str(explanation)
+
+
+def test_explain_fills_attribute_defaults_and_rejects_unknown_ones():
+    assert xrt.explain("sum", TensorSpec((3, 4)), show=False).ctx.attrs["axis"] == (1,)
+    assert xrt.explain("sum", TensorSpec((3, 4)), axis=None, show=False).ctx.out_shape == ()
+    with pytest.raises(xrt.ArgumentError, match="unknown attribute"):
+        xrt.explain("sum", TensorSpec((3, 4)), axes=0, show=False)
+
+
+def test_profiler_records_ops_kernels_ranges_and_exports_chrome_trace(tmp_path):
+    a = rng.standard_normal((16, 32)).astype(np.float32)
+    b = rng.standard_normal((32, 8)).astype(np.float32)
+    with xrt.profiler() as prof:
+        with prof.range("forward"):
+            y = xrt.ops.matmul(a, b)
+            xrt.ops.softmax(y)
+        with xrt.record_range("loss"):
+            xrt.ops.sum(y, axis=None)
+    xrt.ops.matmul(a, b)  # after the block: not recorded
+    assert [e.op for e in prof.ops] == ["matmul", "softmax", "sum"]
+    matmul = prof.ops[0]
+    assert matmul.flops == 2 * 16 * 32 * 8
+    assert matmul.bytes_moved == (16 * 32 + 32 * 8 + 16 * 8) * 4
+    assert matmul.kernel == "numpy_blas" and matmul.dispatch_us >= matmul.kernel_us > 0
+    assert [r.name for r in prof.ranges] == ["forward", "loss"]
+    forward = prof.ranges[0]
+    assert forward.start_us <= matmul.start_us and matmul.start_us + matmul.dispatch_us <= forward.start_us + forward.dur_us
+
+    path = prof.export_chrome_trace(tmp_path / "trace.json")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["trace.json"]  # written atomically, no temp left
+    trace = json.loads(path.read_text())
+    complete = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert {e["cat"] for e in complete} == {"op", "kernel", "range"}
+    op_event = next(e for e in complete if e["cat"] == "op" and e["name"] == "matmul")
+    assert op_event["args"]["kernel"] == "numpy_blas" and op_event["args"]["flops"] == 2 * 16 * 32 * 8
+    assert all(isinstance(e["ts"], float) and e["dur"] >= 0 for e in complete)
+    summary = {row["op"]: row for row in prof.summary()}
+    assert summary["matmul"]["calls"] == 1 and summary["matmul"]["gflops"] > 0

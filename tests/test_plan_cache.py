@@ -1,0 +1,103 @@
+"""Plan cache: one decision per signature, hits skip selection, policy and registry changes, LRU bound."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import make_toy_registry
+
+import xpuruntime as xrt
+from xpuruntime.dispatch import Dispatcher
+from xpuruntime.plan import PlanCache
+from xpuruntime.policy import KernelPolicy
+from xpuruntime.registry import kernel
+
+
+def counting_dispatcher(monkeypatch, *kernels):
+    dispatcher = Dispatcher(make_toy_registry(*kernels))
+    calls = []
+    original = dispatcher.selector.select
+    monkeypatch.setattr(dispatcher.selector, "select", lambda ctx, policy: calls.append(ctx) or original(ctx, policy))
+    return dispatcher, calls
+
+
+def test_one_decision_per_signature(monkeypatch):
+    dispatcher, selections = counting_dispatcher(monkeypatch, {"name": "a"})
+    x = np.ones((4, 6), np.float32)
+    for _ in range(5):
+        dispatcher.run("toy", (x,))
+    assert len(selections) == 1
+    stats = dispatcher.plans.stats()
+    assert (stats.hits, stats.misses, stats.size) == (4, 1, 1) and stats.hit_rate == 0.8
+    dispatcher.run("toy", (np.ones((4, 6), np.float32),))  # a new array with the same signature: hit
+    dispatcher.run("toy", (np.ones((4, 7), np.float32),))  # new shape
+    dispatcher.run("toy", (np.ones((4, 6), np.float64),))  # new dtype
+    dispatcher.run("toy", (x.T,))  # new layout (strides)
+    dispatcher.run("toy", (x[:, ::2],))
+    assert len(selections) == 5 and len(dispatcher.plans) == 5
+
+
+def test_policy_changes_select_again_without_invalidation(monkeypatch):
+    dispatcher, selections = counting_dispatcher(monkeypatch, {"name": "a", "priority": 1}, {"name": "b"})
+    x = np.ones(3)
+    dispatcher.run("toy", (x,))
+    with xrt.kernel_policy(KernelPolicy(toy="b", validate=False)):
+        assert np.array_equal(dispatcher.run("toy", (x,)), x + 1)
+    assert np.array_equal(dispatcher.run("toy", (x,)), x)  # the old plan is still valid and reused
+    with xrt.kernel_policy(KernelPolicy(toy="b", validate=False)):  # equal content: same fingerprint
+        dispatcher.run("toy", (x,))
+    assert len(selections) == 2
+
+
+def test_registering_or_removing_a_kernel_drops_only_that_ops_plans():
+    dispatcher = xrt.Dispatcher()
+    a, x = np.ones((3, 3), np.float32), np.ones(5, np.float32)
+    dispatcher.run("matmul", (a, a))
+    dispatcher.run("softmax", (x,), (-1,))
+    assert len(dispatcher.plans) == 2
+
+    def launch(args):
+        np.multiply(np.matmul(*args.inputs), 2, out=args.out)
+
+    spec = dispatcher.registry.register_kernel(kernel("matmul", "test_doubling", backend="cpu", priority=1000)(launch))
+    try:
+        assert len(dispatcher.plans) == 1  # softmax's plan survives
+        np.testing.assert_array_equal(dispatcher.run("matmul", (a, a)), 2 * (a @ a))  # new kernel wins now
+    finally:
+        dispatcher.registry.unregister_kernel(spec.op, spec.name)
+    np.testing.assert_array_equal(dispatcher.run("matmul", (a, a)), a @ a)
+    assert dispatcher.plans.stats().invalidations == 2
+
+
+def test_lru_bound_keeps_recently_used_plans():
+    dispatcher = Dispatcher(make_toy_registry({"name": "a"}), plan_cache_size=8)
+    hot = np.ones(1)
+    for n in range(2, 40):
+        dispatcher.run("toy", (hot,))  # keep one signature hot
+        dispatcher.run("toy", (np.ones(n),))
+    stats = dispatcher.plans.stats()
+    assert stats.size <= 8 and stats.evictions >= 30
+    misses = stats.misses
+    dispatcher.run("toy", (hot,))
+    assert dispatcher.plans.stats().misses == misses  # the hot plan was never evicted
+    dispatcher.run("toy", (np.ones(2),))
+    assert dispatcher.plans.stats().misses == misses + 1  # an old one was
+
+
+def test_plan_cache_rejects_bad_size_and_clears():
+    with pytest.raises(ValueError, match="maxsize"):
+        PlanCache(0)
+    dispatcher = Dispatcher(make_toy_registry({"name": "a"}))
+    dispatcher.run("toy", (np.ones(2),))
+    dispatcher.plans.clear()
+    assert dispatcher.plans.stats() == dispatcher.plans.stats().__class__(0, 0, 0, 0, 0, 4096)
+
+
+def test_plan_records_launch_config_and_workspace():
+    q = np.ones((2, 300, 16), np.float32)
+    with xrt.kernel_policy(attention="chunked", strict=True):
+        plan = xrt.default_dispatcher().plan("attention", q, q, q, None, attrs=(False, None))
+    assert plan.config.params == {"BLOCK_Q": 128, "BLOCK_K": 256}
+    assert plan.config.grid == (2, 3)
+    assert plan.workspace_bytes == 2 * 128 * 256 * 4
+    assert "chunked" in repr(plan) and "BLOCK_K=256" in repr(plan)
