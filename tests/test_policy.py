@@ -116,7 +116,7 @@ def test_policy_from_toml_and_json_files(tmp_path, monkeypatch):
         ("bad.toml", "matmul = ", "is malformed"),
         ("bad.json", "{not json", "is malformed"),
         ("list.json", "[1, 2]", "expected a table/object"),
-        ("unknown.json", '{"matmul": "cublasLT"}', "unknown kernel for op 'matmul' 'cublasLT'"),
+        ("unknown.json", '{"matmul": "cublasLT"}', "unknown kernel 'cublasLT' for op 'matmul'"),
     ],
 )
 def test_bad_policy_files_give_clear_errors(tmp_path, name, text, message):

@@ -34,6 +34,7 @@ _EXPORTS = {
     "disable_dispatch_logging": "xpuruntime.log",
     "get_dispatch_logs": "xpuruntime.log",
     "clear_dispatch_logs": "xpuruntime.log",
+    "dispatch_logging_enabled": "xpuruntime.log",
     "DispatchRecord": "xpuruntime.log",
     "profiler": "xpuruntime.profiling",
     "record_range": "xpuruntime.profiling",

@@ -71,15 +71,19 @@ def argument_error(cls: type[XpuRuntimeError], op: str, arg: str, expected: str,
     return cls(f"{op}: argument '{arg}' expected {expected}, got {got}")
 
 
-def unknown_name(cls: type[UnknownNameError], what: str, name: str, known: Iterable[str]) -> UnknownNameError:
-    """Build an unknown-name error that lists the known names and suggests the closest one."""
+def unknown_name(
+    cls: type[UnknownNameError], what: str, name: str, known: Iterable[str], where: str = ""
+) -> UnknownNameError:
+    """Build an unknown-name error that lists the known names and suggests the closest one.
+
+    `unknown_name(UnknownKernelError, "kernel", "blockd", [...], where=" for op 'matmul'")`
+    -> "unknown kernel 'blockd' for op 'matmul'. Did you mean 'blocked'? Known: ..."
+    """
     known = sorted(known)
-    close = difflib.get_close_matches(name, known, n=1, cutoff=0.5)
-    if not close:  # case-insensitive second try: "cublaslt" -> "cublasLt"
-        lowered = {k.lower(): k for k in known}
-        close = [lowered[m] for m in difflib.get_close_matches(name.lower(), list(lowered), n=1, cutoff=0.5)]
+    lowered = {k.lower(): k for k in known}  # case-insensitive: "cublaslt" -> "cublasLt"
+    close = [lowered[m] for m in difflib.get_close_matches(name.lower(), list(lowered), n=1, cutoff=0.6)]
     hint = f" Did you mean '{close[0]}'?" if close else ""
-    return cls(f"unknown {what} '{name}'.{hint} Known: {', '.join(known) or '(none)'}")
+    return cls(f"unknown {what} '{name}'{where}.{hint} Known: {', '.join(known) or '(none)'}")
 
 
 class KernelFallbackWarning(UserWarning):

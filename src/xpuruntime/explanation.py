@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from rich.console import Console
     from rich.table import Table
 
     from .context import DispatchContext
@@ -61,23 +62,27 @@ class Explanation:
         return "\n".join(lines)
 
     def table(self) -> Table:
+        """The candidates as a rich table (the headline is printed above it by `print`)."""
         from rich.table import Table
+        from rich.text import Text
 
-        table = Table(title=self.headline(), title_justify="left")
+        table = Table()
         for column in ("kernel", "backend", "verdict", "score", "reasons"):
             table.add_column(column, justify="right" if column == "score" else "left")
         for row in self.rows():
-            style = "bold green" if row["verdict"].startswith("selected") else (
-                "red" if row["verdict"] == "rejected" else None)  # fmt: skip
+            verdict = row["verdict"]
+            style = "bold green" if verdict.startswith("selected") else ("red" if verdict == "rejected" else None)
             score = "-" if row["score"] is None else f"{row['score']:g}"
-            table.add_row(row["kernel"], row["backend"], row["verdict"], score, "\n".join(row["reasons"]), style=style)
+            cells = (row["kernel"], row["backend"], verdict, score, "\n".join(row["reasons"]))
+            table.add_row(*(Text(cell) for cell in cells), style=style)  # Text: reasons may contain [brackets]
         return table
 
-    def print(self) -> None:
+    def print(self, console: Console | None = None) -> None:
         from rich.console import Console
         from rich.text import Text
 
-        console = Console()
+        console = console or Console()
+        console.print(Text(self.headline()), soft_wrap=True)
         console.print(self.table())
         if self.error is not None:
             console.print(Text(str(self.error), style="red"))

@@ -184,7 +184,7 @@ class Registry:
         try:
             return table[name]
         except KeyError:
-            raise unknown_name(UnknownKernelError, f"kernel for op '{op}'", name, table) from None
+            raise unknown_name(UnknownKernelError, "kernel", name, table, where=f" for op '{op}'") from None
 
     def not_supported_reasons(self, spec: KernelSpec, ctx: DispatchContext) -> list[str]:
         """Backend availability and device type first, then the kernel's own conditions."""
