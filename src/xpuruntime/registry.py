@@ -67,7 +67,7 @@ class KernelSpec:
     name: str
     backend: str
     launch: LaunchFn
-    dtypes: frozenset[str] | None = None  # None: any dtype the op accepts
+    dtypes: frozenset[str] | None = None  # the call's dtype (first tensor's; schemas tie the others to it)
     conditions: tuple[Condition, ...] = ()
     priority: int = 0
     fused: bool = False
@@ -85,10 +85,8 @@ class KernelSpec:
     def not_supported_reasons(self, ctx: DispatchContext) -> list[str]:
         """Every reason this kernel cannot run `ctx`, from its declared limits and its conditions."""
         reasons = []
-        if self.dtypes is not None:
-            bad = sorted({d for d in ctx.dtypes if d not in self.dtypes})
-            if bad:
-                reasons.append(f"dtype {', '.join(bad)} not in {{{', '.join(sorted(self.dtypes))}}}")
+        if self.dtypes is not None and ctx.tensors and ctx.dtype not in self.dtypes:
+            reasons.append(f"dtype {ctx.dtype} not in {{{', '.join(sorted(self.dtypes))}}}")
         if self.min_compute_capability is not None:
             cc = ctx.compute_capability
             if cc is None or cc < self.min_compute_capability:

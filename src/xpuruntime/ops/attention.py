@@ -89,7 +89,7 @@ def reference(
         attn_mask = np.asarray(attn_mask)
         scores = np.where(attn_mask, scores, -np.inf) if attn_mask.dtype == bool else scores + attn_mask
     with np.errstate(invalid="ignore"):
-        p = np.exp(scores - scores.max(axis=-1, keepdims=True))
+        p = np.exp(scores - scores.max(axis=-1, keepdims=True, initial=-np.inf))  # initial: S == 0
         p /= p.sum(axis=-1, keepdims=True)
     return np.matmul(p, v)
 

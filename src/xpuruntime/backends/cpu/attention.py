@@ -53,6 +53,8 @@ def _masked_scores(args: ArgPack, q: np.ndarray, k: np.ndarray, rows: slice, col
 @kernel("attention", "math", backend="cpu", dtypes=CPU_FLOAT_DTYPES, priority=10, conditions=(_fits_in_memory,))
 def attention_math(args: ArgPack) -> None:
     """softmax(q k^T * scale + mask) v with the full score matrix."""
+    if args.out.size == 0:  # e.g. L == S == 0: max() over no keys would raise
+        return
     q, k, v = (as_compute(t) for t in args.inputs[:3])
     at = args.attrs
     scores = np.empty((*at["batch"], at["L"], at["S"]), q.dtype)
@@ -84,6 +86,8 @@ def chunked_workspace_bytes(ctx: DispatchContext) -> int:
 )  # fmt: skip
 def attention_chunked(args: ArgPack) -> None:
     """Online softmax over key blocks; memory O(BLOCK_Q x BLOCK_K) per batch entry."""
+    if args.out.size == 0:  # nothing to write; a 0-size batch also gets no workspace
+        return
     at, params = args.attrs, args.config.params
     batch, L, S = at["batch"], at["L"], at["S"]
     q, k, v = (np.broadcast_to(as_compute(t), (*batch, *t.shape[-2:])) for t in args.inputs[:3])

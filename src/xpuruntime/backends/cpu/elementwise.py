@@ -14,15 +14,16 @@ def sin_affine_numpy(args: ArgPack) -> None:
     """Computes in float64 and rounds once, so float32/float16 results are correctly rounded."""
     x, a, b = args.inputs
     out = args.out
-    if out.dtype == np.float64:
-        np.multiply(x, a, out=out)
-        np.add(out, b, out=out)
-        np.sin(out, out=out)
-        return
-    y = np.multiply(x, a, dtype=np.float64)
+    # The float64 work array has the full broadcast shape (b may add dims that x*a lacks) and is never
+    # a 0-d scalar. A float64 `out` is used directly unless it is `b` itself, which is read after
+    # x*a has been written.
+    in_out = out.dtype == np.float64 and not (isinstance(b, np.ndarray) and np.may_share_memory(out, b))
+    y = out if in_out else np.empty(out.shape, np.float64)
+    np.multiply(x, a, out=y, dtype=np.float64)
     np.add(y, b, out=y)
     np.sin(y, out=y)
-    np.copyto(out, y, casting="same_kind")
+    if y is not out:
+        np.copyto(out, y, casting="same_kind")
 
 
 KERNELS = (sin_affine_numpy,)

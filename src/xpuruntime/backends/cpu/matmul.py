@@ -70,10 +70,10 @@ def matmul_blocked(args: ArgPack) -> None:
     a2 = a[None, :] if at["a_vector"] else a
     b2 = b[:, None] if at["b_vector"] else b
     out = args.out
-    if at["a_vector"]:
-        out = np.expand_dims(out, -2)
-    if at["b_vector"]:
-        out = np.expand_dims(out, -1)
+    if at["b_vector"]:  # (..., m) -> (..., m, 1); first, so that a 0-d result of vector @ vector works
+        out = out[..., None]
+    if at["a_vector"]:  # (..., n) -> (..., 1, n)
+        out = out[..., None, :]
     a2 = np.broadcast_to(a2, (*batch, m, k))
     b2 = np.broadcast_to(b2, (*batch, k, n))
     acc_dtype = compute_dtype(a.dtype)
