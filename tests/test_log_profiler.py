@@ -93,11 +93,11 @@ def test_profiler_records_ops_kernels_ranges_and_exports_chrome_trace(tmp_path):
         with xrt.record_range("loss"):
             xrt.ops.sum(y, axis=None)
     xrt.ops.matmul(a, b)  # after the block: not recorded
-    assert [e.op for e in prof.ops] == ["matmul", "softmax", "sum"]
+    assert [e.record.op_name for e in prof.ops] == ["matmul", "softmax", "sum"]
     matmul = prof.ops[0]
     assert matmul.flops == 2 * 16 * 32 * 8
     assert matmul.bytes_moved == (16 * 32 + 32 * 8 + 16 * 8) * 4
-    assert matmul.kernel == "numpy_blas" and matmul.dispatch_us >= matmul.kernel_us > 0
+    assert matmul.record.selected_kernel == "numpy_blas" and matmul.dispatch_us >= matmul.record.elapsed_us > 0
     assert [r.name for r in prof.ranges] == ["forward", "loss"]
     forward = prof.ranges[0]
     assert forward.start_us <= matmul.start_us and matmul.start_us + matmul.dispatch_us <= forward.start_us + forward.dur_us

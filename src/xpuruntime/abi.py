@@ -33,14 +33,8 @@ class MathMode(enum.Enum):
 
     @classmethod
     def parse(cls, value: MathMode | str) -> MathMode:
-        """Accept a MathMode or its name/value in any case ("tf32", "TF32")."""
-        if isinstance(value, MathMode):
-            return value
-        try:
-            return cls(str(value).lower())
-        except ValueError:
-            known = ", ".join(m.value for m in cls)
-            raise PolicyError(f"unknown math_mode '{value}'; expected one of {known}") from None
+        """Accept a MathMode or its value in any case ("tf32", "TF32")."""
+        return _parse_enum(cls, value, "math_mode")
 
     @classmethod
     def for_dtype(cls, dtype: str) -> MathMode:
@@ -57,13 +51,18 @@ class SyncPolicy(enum.Enum):
 
     @classmethod
     def parse(cls, value: SyncPolicy | str) -> SyncPolicy:
-        if isinstance(value, SyncPolicy):
-            return value
-        try:
-            return cls(str(value).lower().replace("-", "_"))
-        except ValueError:
-            known = ", ".join(m.value for m in cls)
-            raise PolicyError(f"unknown sync policy '{value}'; expected one of {known}") from None
+        """Accept a SyncPolicy or its value in any case, '-' for '_' ("full-sync")."""
+        return _parse_enum(cls, value, "sync policy")
+
+
+def _parse_enum(cls: type[enum.Enum], value: Any, what: str) -> Any:
+    if isinstance(value, cls):
+        return value
+    try:
+        return cls(str(value).lower().replace("-", "_"))
+    except ValueError:
+        known = ", ".join(m.value for m in cls)
+        raise PolicyError(f"unknown {what} '{value}'; expected one of {known}") from None
 
 
 @dataclass(frozen=True, slots=True)

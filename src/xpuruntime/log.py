@@ -69,6 +69,23 @@ class DispatchRecord:
     def as_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__slots__}
 
+    @classmethod
+    def from_event(cls, event: DispatchEvent) -> DispatchRecord:
+        plan = event.plan
+        ctx = plan.decision.ctx
+        return cls(
+            op_name=ctx.op,
+            selected_kernel=plan.kernel.name,
+            backend=plan.kernel.backend,
+            reason=plan.reason,
+            cache_hit=event.cache_hit,
+            input_shapes=ctx.shapes,
+            dtype=ctx.dtype if ctx.tensors else "",
+            elapsed_us=(event.launch_end_ns - event.launch_start_ns) / 1000.0,
+            launch_config=plan.config.describe(),
+            timestamp=time.time(),
+        )
+
 
 class DispatchLog:
     """A bounded in-memory buffer of DispatchRecords: the oldest records go first."""
@@ -77,22 +94,7 @@ class DispatchLog:
         self.records: collections.deque[DispatchRecord] = collections.deque(maxlen=max_records)
 
     def on_dispatch(self, event: DispatchEvent) -> None:
-        plan = event.plan
-        ctx = plan.decision.ctx
-        self.records.append(
-            DispatchRecord(
-                op_name=ctx.op,
-                selected_kernel=plan.kernel.name,
-                backend=plan.kernel.backend,
-                reason=plan.reason,
-                cache_hit=event.cache_hit,
-                input_shapes=ctx.shapes,
-                dtype=ctx.dtype if ctx.tensors else "",
-                elapsed_us=(event.launch_end_ns - event.launch_start_ns) / 1000.0,
-                launch_config=plan.config.describe(),
-                timestamp=time.time(),
-            )
-        )
+        self.records.append(DispatchRecord.from_event(event))
 
 
 _log = DispatchLog()

@@ -22,25 +22,19 @@ from pathlib import Path
 from typing import Any
 
 from .abi import TensorSpec
-from .log import DispatchEvent, add_observer, remove_observer
+from .log import DispatchEvent, DispatchRecord, add_observer, remove_observer
 
 _active: list[Profiler] = []
 
 
 @dataclass(frozen=True, slots=True)
 class OpEvent:
-    op: str
-    kernel: str
-    backend: str
-    reason: str
-    cache_hit: bool
-    launch_config: str
-    shapes: tuple[tuple[int, ...], ...]
-    dtype: str
+    """One dispatch: its log record (kernel, reason, launch config, kernel time) plus trace timing."""
+
+    record: DispatchRecord
     start_us: float  # relative to the profiler's start
-    dispatch_us: float  # whole dispatch, overhead included
+    dispatch_us: float  # whole dispatch, the runtime's overhead included
     kernel_start_us: float
-    kernel_us: float
     bytes_moved: int
     flops: int
     thread_id: int
@@ -75,23 +69,14 @@ class Profiler:
 
     def on_dispatch(self, event: DispatchEvent) -> None:
         plan = event.plan
-        ctx = plan.decision.ctx
         self.ops.append(
             OpEvent(
-                op=ctx.op,
-                kernel=plan.kernel.name,
-                backend=plan.kernel.backend,
-                reason=plan.reason,
-                cache_hit=event.cache_hit,
-                launch_config=plan.config.describe(),
-                shapes=ctx.shapes,
-                dtype=ctx.dtype if ctx.tensors else "",
+                record=DispatchRecord.from_event(event),
                 start_us=self._us(event.dispatch_start_ns),
                 dispatch_us=(event.launch_end_ns - event.dispatch_start_ns) / 1000.0,
                 kernel_start_us=self._us(event.launch_start_ns),
-                kernel_us=(event.launch_end_ns - event.launch_start_ns) / 1000.0,
                 bytes_moved=_bytes_moved(plan),
-                flops=plan.schema.flops(ctx),
+                flops=plan.schema.flops(plan.decision.ctx),
                 thread_id=event.thread_id,
             )
         )
@@ -118,18 +103,19 @@ class Profiler:
                  "tid": r.thread_id}
             )  # fmt: skip
         for e in self.ops:
+            r = e.record
             args = {
-                "kernel": e.kernel, "backend": e.backend, "reason": e.reason, "cache_hit": e.cache_hit,
-                "launch_config": e.launch_config, "shapes": [list(s) for s in e.shapes], "dtype": e.dtype,
+                "kernel": r.selected_kernel, "backend": r.backend, "reason": r.reason, "cache_hit": r.cache_hit,
+                "launch_config": r.launch_config, "shapes": [list(s) for s in r.input_shapes], "dtype": r.dtype,
                 "bytes": e.bytes_moved, "flops": e.flops,
             }  # fmt: skip
             events.append(
-                {"name": e.op, "cat": "op", "ph": "X", "ts": e.start_us, "dur": e.dispatch_us, "pid": pid,
+                {"name": r.op_name, "cat": "op", "ph": "X", "ts": e.start_us, "dur": e.dispatch_us, "pid": pid,
                  "tid": e.thread_id, "args": args}
             )  # fmt: skip
             events.append(
-                {"name": f"{e.backend}:{e.kernel}", "cat": "kernel", "ph": "X", "ts": e.kernel_start_us,
-                 "dur": e.kernel_us, "pid": pid, "tid": e.thread_id, "args": {"launch_config": e.launch_config}}
+                {"name": f"{r.backend}:{r.selected_kernel}", "cat": "kernel", "ph": "X", "ts": e.kernel_start_us,
+                 "dur": r.elapsed_us, "pid": pid, "tid": e.thread_id, "args": {"launch_config": r.launch_config}}
             )  # fmt: skip
         return {"traceEvents": events, "displayTimeUnit": "ms",
                 "otherData": {"wall_clock_origin_us": self._wall_origin_us}}  # fmt: skip
@@ -146,10 +132,10 @@ class Profiler:
         """Per (op, kernel): calls, total and mean kernel time, achieved GFLOP/s and GB/s."""
         groups: dict[tuple[str, str], list[OpEvent]] = {}
         for e in self.ops:
-            groups.setdefault((e.op, e.kernel), []).append(e)
+            groups.setdefault((e.record.op_name, e.record.selected_kernel), []).append(e)
         rows = []
         for (op, kernel), events in sorted(groups.items()):
-            total_us = sum(e.kernel_us for e in events)
+            total_us = sum(e.record.elapsed_us for e in events)
             seconds = total_us / 1e6 or float("nan")
             rows.append({
                 "op": op, "kernel": kernel, "calls": len(events), "total_us": total_us,
