@@ -96,7 +96,7 @@ def test_plan_cache_rejects_bad_size_and_clears():
 def test_plan_records_launch_config_and_workspace():
     q = np.ones((2, 300, 16), np.float32)
     with xrt.kernel_policy(attention="chunked", strict=True):
-        plan = xrt.default_dispatcher().plan("attention", q, q, q, None, attrs=(False, None))
+        plan = xrt.default_dispatcher().plan("attention", q, q, q)
     assert plan.config.params == {"BLOCK_Q": 128, "BLOCK_K": 256}
     assert plan.config.grid == (2, 3)
     assert plan.workspace_bytes == 2 * 128 * 256 * 4

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from .abi import TensorSpec
-from .errors import LayoutError
+from .errors import ArgumentError, LayoutError
 
 SCALAR_TYPES = (float, int, bool)
 
@@ -38,16 +38,17 @@ def signature(x: Any) -> Any:
         return None
     if type(x) in SCALAR_TYPES:
         return type(x)
-    if isinstance(x, np.ndarray):
-        return (x.dtype, x.shape, x.strides)
     if is_torch_tensor(x):
         return (x.dtype, tuple(x.shape), x.stride(), x.device)
     raise NotAnArray
 
 
 def as_array(x: Any) -> Any:
-    """Leave arrays, scalars and None alone; turn anything else (lists, NumPy scalars) into an ndarray."""
-    if x is None or type(x) in SCALAR_TYPES or isinstance(x, np.ndarray | TensorSpec) or is_torch_tensor(x):
+    """Leave arrays, scalars, None and TensorSpecs alone; turn anything else (lists, NumPy scalars,
+    ndarray subclasses such as np.matrix) into a plain ndarray. Raises ValueError for ragged lists."""
+    if x is None or type(x) in SCALAR_TYPES or type(x) is np.ndarray or isinstance(x, TensorSpec):
+        return x
+    if is_torch_tensor(x):
         return x
     return np.asarray(x)
 
@@ -58,6 +59,11 @@ def describe(x: Any) -> TensorSpec:
         return x
     if isinstance(x, np.ndarray):
         itemsize = x.itemsize
+        if itemsize and any(s % itemsize for s in x.strides):
+            raise LayoutError(
+                f"array strides {x.strides} (bytes) are not a multiple of its itemsize {itemsize} "
+                "(a field of a structured array?); pass a copy"
+            )
         return TensorSpec(
             shape=x.shape,
             dtype=x.dtype.name,
@@ -111,14 +117,20 @@ def _overlaps(a: Any, b: Any) -> bool:
 
 
 def _same_view(a: Any, b: Any) -> bool:
+    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
+        same_layout = (a.shape, a.strides, a.dtype) == (b.shape, b.strides, b.dtype)
+        return same_layout and a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
     sa, sb = describe(a), describe(b)
     return (sa.ptr, sa.shape, sa.strides, sa.dtype) == (sb.ptr, sb.shape, sb.strides, sb.dtype)
 
 
 def check_output_aliasing(op: str, names: tuple[str, ...], inputs: tuple, out: Any, inplace: bool) -> None:
-    """Reject an `out` that overlaps an input; `inplace` ops accept `out` that *is* an input view."""
+    """Reject a read-only `out` and one that overlaps an input; `inplace` ops accept `out` that *is*
+    an input's view."""
+    if isinstance(out, np.ndarray) and not out.flags.writeable:
+        raise ArgumentError(f"{op}: argument 'out' expected a writable array, got a read-only one")
     for name, x in zip(names, inputs):
-        if x is None or type(x) in SCALAR_TYPES or not _overlaps(out, x):
+        if x is None or type(x) in SCALAR_TYPES or (inplace and x is out) or not _overlaps(out, x):
             continue
         if inplace and _same_view(out, x):
             continue

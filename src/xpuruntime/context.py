@@ -88,6 +88,13 @@ def _describe_input(schema: OpSchema, name: str, value: Any) -> InputSpec:
     return describe(value)
 
 
+def _describe_out(op: str, out: Any) -> TensorSpec:
+    try:
+        return describe(out)
+    except TypeError:
+        raise argument_error(ArgumentError, op, "out", "an array", type(out).__name__) from None
+
+
 def _common_device(op: str, names: tuple[str, ...], specs: tuple[InputSpec, ...], out: TensorSpec | None) -> str:
     device, first = None, None
     for name, spec in (*zip(names, specs), ("out", out)):
@@ -104,10 +111,13 @@ def build_context(schema: OpSchema, inputs: tuple, attrs: tuple, out: Any, polic
     """Validate a call against its schema and describe it; raises errors naming the bad argument."""
     from .device import compute_capability
 
-    if len(inputs) != len(schema.inputs):
-        raise ArgumentError(f"{schema.name}: expected {len(schema.inputs)} inputs {schema.inputs}, got {len(inputs)}")
+    if len(inputs) != len(schema.inputs) or len(attrs) != len(schema.attrs):
+        raise ArgumentError(
+            f"{schema.name}: expected inputs {schema.inputs} and attributes {schema.attrs}, "
+            f"got {len(inputs)} inputs and {len(attrs)} attributes"
+        )
     specs = tuple(_describe_input(schema, n, v) for n, v in zip(schema.inputs, inputs))
-    out_spec = None if out is None else describe(out)
+    out_spec = None if out is None else _describe_out(schema.name, out)
     device = _common_device(schema.name, schema.inputs, specs, out_spec)
     tensors = [s for s in specs if isinstance(s, TensorSpec)]
     ctx = DispatchContext(

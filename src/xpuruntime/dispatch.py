@@ -7,46 +7,70 @@ a miss, because the key fixes everything they depend on.
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
 import time
 import warnings
 from collections.abc import Hashable, Mapping
-from types import MappingProxyType
 from typing import Any
 
+import numpy as np
 from numpy import ndarray
 
-from .abi import ArgPack, SyncPolicy
-from .arrays import NotAnArray, as_array, signature
+from .abi import ArgPack, SyncPolicy, TensorSpec
+from .arrays import NotAnArray, as_array, is_torch_tensor, signature
 from .context import build_context
-from .errors import ArgumentError, KernelFallbackWarning, LaunchError
+from .errors import ArgumentError, KernelFallbackWarning, LaunchError, XpuRuntimeError
 from .explanation import Explanation
 from .log import OBSERVERS, DispatchEvent
 from .plan import Plan, PlanCache
 from .policy import KernelPolicy, _coerce, current_policy
 from .registry import Registry, default_registry
+from .schema import OpSchema
 from .selector import Decision, Scorer, Selector, default_scorer
 from .workspace import WorkspaceManager
 
 _MAX_WARNED = 10_000
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
 def _freeze(value: Any) -> Any:
-    """Make attribute values hashable (lists become tuples) for the plan-cache key."""
+    """Attribute values as plain, hashable Python: lists, tuples and arrays become tuples, NumPy scalars
+    Python numbers, so that equal calls share one plan-cache key."""
     if isinstance(value, list | tuple):
         return tuple(_freeze(v) for v in value)
+    if isinstance(value, np.ndarray):
+        return _freeze(value.tolist())
+    if isinstance(value, np.generic):
+        return value.item()
     return value
+
+
+def _attr_values(schema: OpSchema, attrs: Mapping[str, Any]) -> tuple:
+    """Keyword attributes -> the positional tuple `run` takes, with the schema's defaults filled in."""
+    unknown = set(attrs) - set(schema.attrs)
+    if unknown:
+        raise ArgumentError(f"{schema.name}: unknown attribute(s) {sorted(unknown)}; the op takes {list(schema.attrs)}")
+    missing = [name for name in schema.attrs if name not in attrs and name not in schema.defaults]
+    if missing:
+        raise ArgumentError(f"{schema.name}: attribute(s) {missing} have no default; pass them")
+    return tuple(attrs.get(name, schema.defaults.get(name)) for name in schema.attrs)
+
+
+def _stacklevel_outside_package() -> int:
+    """The `warnings.warn` stacklevel of the first caller outside xpuruntime (the user's line)."""
+    frame, level = sys._getframe(2), 2  # 1 = our caller (which calls warnings.warn)
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 class Dispatcher:
     """Runs ops through registry, selector and plan cache. Most code uses the process-wide one."""
 
     def __init__(
-        self,
-        registry: Registry | None = None,
-        *,
-        scorer: Scorer = default_scorer,
-        plan_cache_size: int = 4096,
+        self, registry: Registry | None = None, *, scorer: Scorer = default_scorer, plan_cache_size: int = 4096
     ) -> None:
         self.registry = registry if registry is not None else default_registry()
         self.selector = Selector(self.registry, scorer)
@@ -57,28 +81,30 @@ class Dispatcher:
 
     # -- the hot path ------------------------------------------------------------------------
     def run(self, op: str, inputs: tuple, attrs: tuple = (), out: Any = None) -> Any:
-        """Run `op` on `inputs` (positional, as the op's schema names them) and return the output."""
+        """Run `op` on `inputs` and `attrs` (positional, in the schema's order); returns the output."""
         start = time.perf_counter_ns() if OBSERVERS else 0
         policy = current_policy()
+        result = out
         try:
             sigs = [(x.dtype, x.shape, x.strides) if type(x) is ndarray else signature(x) for x in inputs]
-            key = (op, policy._id, attrs, *sigs, None if out is None else signature(out))
+            # attribute types are part of the key: True == 1 == 1.0 as dict keys, but only one may be valid
+            key = (op, policy._id, attrs, *map(type, attrs), *sigs, None if out is None else signature(out))
             plan = self.plans.get(key)
         except (NotAnArray, TypeError):
-            inputs, attrs, key = self._normalize_call(op, inputs, attrs, out, policy)
+            inputs, attrs, out, key = self._normalize_call(op, inputs, attrs, out, policy)
             plan = self.plans.get(key)
         hit = plan is not None
         if plan is None:
             plan = self._plan_miss(op, inputs, attrs, out, policy, key)
         if out is None:
-            out = plan.allocate()
+            out = result = plan.allocate()
         else:
             plan.schema.check_layout(inputs, out)
         if start:
             self._launch_observed(plan, inputs, out, hit, start)
         else:
             self._launch(plan, inputs, out)
-        return out
+        return result
 
     def _launch(self, plan: Plan, inputs: tuple, out: Any) -> None:
         workspace = None
@@ -106,22 +132,36 @@ class Dispatcher:
     # -- misses ------------------------------------------------------------------------------
     def _normalize_call(
         self, op: str, inputs: tuple, attrs: tuple, out: Any, policy: KernelPolicy
-    ) -> tuple[tuple, tuple, Hashable]:
-        """Slow path for array-likes (lists, NumPy scalars) and unhashable attributes."""
-        inputs = tuple(as_array(x) for x in inputs)
+    ) -> tuple[tuple, tuple, Any, Hashable]:
+        """Slow path: convert array-likes, NumPy scalars, array subclasses and unhashable attributes,
+        naming the argument that cannot be converted."""
+        schema = self.registry.op(op)
+        if len(inputs) != len(schema.inputs) or len(attrs) != len(schema.attrs):
+            raise ArgumentError(
+                f"{op}: expected inputs {schema.inputs} and attributes {schema.attrs}, "
+                f"got {len(inputs)} inputs and {len(attrs)} attributes"
+            )
+        inputs = tuple(_coerce_input(schema, name, x) for name, x in zip(schema.inputs, inputs))
+        out = _coerce_out(op, out)
         attrs = _freeze(attrs)
-        try:
-            out_key = None if out is None else signature(out)
-        except NotAnArray:
-            raise ArgumentError(f"{op}: argument 'out' expected an array, got {type(out).__name__}") from None
-        return inputs, attrs, (op, policy._id, attrs, *[signature(x) for x in inputs], out_key)
+        key = (
+            op,
+            policy._id,
+            attrs,
+            *map(type, attrs),
+            *map(signature, inputs),
+            None if out is None else signature(out),
+        )
+        return inputs, attrs, out, key
 
     def _plan_miss(self, op: str, inputs: tuple, attrs: tuple, out: Any, policy: KernelPolicy, key: Hashable) -> Plan:
+        generation = self.registry.generation
         decision = self.decide(op, inputs, attrs, out, policy)
         if decision.reason == "fallback":
             self._warn_fallback(decision, key)
         plan = self.make_plan(decision, policy)
-        self.plans.put(key, plan)
+        if self.registry.generation == generation:  # a kernel registered meanwhile may beat this plan
+            self.plans.put(key, plan)
         return plan
 
     def decide(self, op: str, inputs: tuple, attrs: tuple, out: Any, policy: KernelPolicy) -> Decision:
@@ -132,7 +172,7 @@ class Dispatcher:
     def make_plan(self, decision: Decision, policy: KernelPolicy) -> Plan:
         kernel, ctx = decision.kernel, decision.ctx
         backend = self.registry.backends[kernel.backend]
-        plan = Plan(
+        return Plan(
             decision,
             self.registry.op(ctx.op),
             kernel.launch_config(ctx),
@@ -140,8 +180,6 @@ class Dispatcher:
             backend.empty,
             backend.synchronize if policy.sync is SyncPolicy.FULL_SYNC else None,
         )
-        plan.attrs = MappingProxyType(plan.attrs)
-        return plan
 
     def _warn_fallback(self, decision: Decision, key: Hashable) -> None:
         if key in self._warned:
@@ -155,15 +193,17 @@ class Dispatcher:
             f"({decision.ctx.summary()}): {'; '.join(preferred.reasons)}. "
             f"Falling back to '{decision.kernel.name}'.",
             KernelFallbackWarning,
-            stacklevel=5,
+            stacklevel=_stacklevel_outside_package(),
         )
 
     # -- introspection -----------------------------------------------------------------------
-    def plan(self, op: str, *inputs: Any, attrs: tuple = (), out: Any = None) -> Plan:
-        """The (cached) plan a call would use, without running it."""
+    def plan(self, op: str, *inputs: Any, out: Any = None, **attrs: Any) -> Plan:
+        """The (cached) plan a call would use, without running it; attributes by keyword, defaults filled."""
+        schema = self.registry.op(op)
+        inputs = inputs + (None,) * (len(schema.inputs) - len(inputs))
         policy = current_policy()
-        inputs, attrs, key = self._normalize_call(op, inputs, attrs, out, policy)
-        return self.plans.get(key) or self._plan_miss(op, inputs, attrs, out, policy, key)
+        inputs, attr_values, out, key = self._normalize_call(op, inputs, _attr_values(schema, attrs), out, policy)
+        return self.plans.get(key) or self._plan_miss(op, inputs, attr_values, out, policy, key)
 
     def explain(
         self, op: str, *inputs: Any, policy: KernelPolicy | str | Mapping | None = None, out: Any = None,
@@ -171,22 +211,43 @@ class Dispatcher:
     ) -> Explanation:  # fmt: skip
         """Every candidate for this call with its verdict, reasons and score; arrays or TensorSpecs."""
         schema = self.registry.op(op)
-        unknown = set(attrs) - set(schema.attrs)
-        if unknown:
-            raise ArgumentError(f"{op}: unknown attribute(s) {sorted(unknown)}; the op takes {list(schema.attrs)}")
         missing = schema.inputs[len(inputs) :]
         if any(name not in schema.optional for name in missing):
             raise ArgumentError(f"{op}: expected inputs {schema.inputs}, got {len(inputs)}")
-        inputs = tuple(as_array(x) for x in inputs) + (None,) * len(missing)
-        attr_values = tuple(_freeze(attrs.get(name, schema.defaults.get(name))) for name in schema.attrs)
+        inputs = tuple(_coerce_input(schema, n, x, specs=True) for n, x in zip(schema.inputs, inputs))
+        inputs += (None,) * len(missing)
+        attr_values = _freeze(_attr_values(schema, attrs))
         policy = _coerce(policy, {}) or current_policy()
         ctx = build_context(schema, inputs, attr_values, out, policy)
-        candidates = self.selector.evaluate(ctx)
         try:
             decision, error = self.selector.select(ctx, policy), None
-        except Exception as exc:  # the explanation shows why nothing could be chosen
-            decision, error = None, exc
+            candidates = list(decision.candidates)
+        except XpuRuntimeError as exc:  # the explanation shows why nothing could be chosen
+            decision, error, candidates = None, exc, self.selector.evaluate(ctx)
         return Explanation(ctx, policy, candidates, decision, error)
+
+
+def _coerce_input(schema: OpSchema, name: str, x: Any, specs: bool = False) -> Any:
+    """One input as the dispatcher takes it; NumPy scalars count as Python numbers where the op takes those."""
+    if isinstance(x, np.generic) and name in schema.scalars:
+        return x.item()
+    if isinstance(x, TensorSpec) and not specs:
+        raise ArgumentError(f"{schema.name}: argument '{name}' expected an array, got a TensorSpec (for explain)")
+    try:
+        return as_array(x)
+    except (ValueError, TypeError) as exc:
+        raise ArgumentError(
+            f"{schema.name}: argument '{name}' expected an array, got {type(x).__name__}: {exc}"
+        ) from None
+
+
+def _coerce_out(op: str, out: Any) -> Any:
+    """`out` must already be an array (it is written in place); ndarray subclasses are viewed as ndarrays."""
+    if out is None or type(out) is ndarray or is_torch_tensor(out):
+        return out
+    if isinstance(out, ndarray):
+        return np.asarray(out)
+    raise ArgumentError(f"{op}: argument 'out' expected an array, got {type(out).__name__}")
 
 
 _default: Dispatcher | None = None
@@ -212,9 +273,9 @@ def run(op: str, inputs: tuple, attrs: tuple = (), out: Any = None) -> Any:
     return (_default or default_dispatcher()).run(op, inputs, attrs, out)
 
 
-def explain(op: str, *inputs: Any, policy: Any = None, show: bool = True, **attrs: Any) -> Explanation:
+def explain(op: str, *inputs: Any, policy: Any = None, out: Any = None, show: bool = True, **attrs: Any) -> Explanation:
     """Explain how the process-wide dispatcher would choose a kernel; prints the table unless show=False."""
-    explanation = default_dispatcher().explain(op, *inputs, policy=policy, **attrs)
+    explanation = default_dispatcher().explain(op, *inputs, policy=policy, out=out, **attrs)
     if show:
         explanation.print()
     return explanation

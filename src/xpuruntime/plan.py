@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 from .abi import LaunchConfig
@@ -41,7 +42,7 @@ class Plan:
         self.schema = schema
         self.kernel: KernelSpec = decision.kernel
         self.launch = decision.kernel.launch
-        self.attrs = dict(ctx.attrs)
+        self.attrs = MappingProxyType(dict(ctx.attrs))  # shared by every launch: read-only
         self.config = config
         self.workspace_bytes = workspace_bytes
         self.out_shape = ctx.out_shape

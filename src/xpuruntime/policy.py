@@ -15,10 +15,13 @@ import threading
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .abi import MathMode, SyncPolicy
-from .errors import PolicyError
+from .errors import PolicyError, XpuRuntimeError
+
+if TYPE_CHECKING:
+    from .registry import Registry
 
 ENV_POLICY = "XPURUNTIME_POLICY"
 ENV_POLICY_FILE = "XPURUNTIME_POLICY_FILE"
@@ -33,6 +36,16 @@ def _intern(key: tuple) -> int:
     """A small int per distinct policy content: cheap to hash inside plan-cache keys."""
     with _fingerprint_lock:
         return _fingerprints.setdefault(key, len(_fingerprints))
+
+
+def _check_names(prefs: Mapping[str, str], registry: Registry | None) -> None:
+    """Unknown op or kernel names raise UnknownOpError / UnknownKernelError with a suggestion."""
+    from .registry import default_registry
+
+    registry = registry or default_registry()
+    for op, name in prefs.items():
+        if name != AUTO:
+            registry.kernel(op, name)
 
 
 def _parse_bool(name: str, value: Any) -> bool:
@@ -54,7 +67,8 @@ class KernelPolicy:
     A preferred kernel that supports a call wins (reason "policy"). One that does not gives a warning
     (once per call signature) and automatic selection (reason "fallback"), or in strict mode an
     `UnsupportedByPolicyError` listing every candidate's reasons. Op and kernel names are checked
-    against the registry when the policy is built.
+    against the default registry when the policy is built (`validate=some_registry` checks another
+    one, `validate=False` none); the selector checks them again at dispatch.
     """
 
     __slots__ = ("_id", "deterministic", "math_mode", "preferences", "strict", "sync")
@@ -67,7 +81,7 @@ class KernelPolicy:
         math_mode: MathMode | str | None = None,
         deterministic: bool = False,
         sync: SyncPolicy | str = SyncPolicy.NO_SYNC,
-        validate: bool = True,
+        validate: bool | Registry = True,
         **op_preferences: str,
     ) -> None:
         prefs = {**(preferences or {}), **op_preferences}
@@ -75,12 +89,8 @@ class KernelPolicy:
             if not isinstance(name, str):
                 raise PolicyError(f"policy preference for '{op}' must be a kernel name, got {name!r}")
         prefs = {op: name for op, name in prefs.items() if name != AUTO}
-        if validate:
-            from .registry import default_registry
-
-            registry = default_registry()
-            for op, name in prefs.items():
-                registry.kernel(op, name)  # raises UnknownOpError / UnknownKernelError with a suggestion
+        if validate is not False:
+            _check_names(prefs, None if validate is True else validate)
         self.preferences: Mapping[str, str] = MappingProxyType(dict(sorted(prefs.items())))
         self.strict = _parse_bool("strict", strict)
         self.math_mode = None if math_mode is None else MathMode.parse(math_mode)
@@ -133,8 +143,8 @@ class KernelPolicy:
         data = {k: v for k, v in data.items() if k not in _OPTIONS}
         try:
             return cls({**prefs, **data}, **options)
-        except PolicyError as exc:
-            raise PolicyError(f"{source}: {exc}") from None
+        except XpuRuntimeError as exc:  # same error class, message says where the spec came from
+            raise type(exc)(f"{source}: {exc}") from None
 
     @classmethod
     def from_string(cls, spec: str, source: str = "policy string") -> KernelPolicy:
@@ -188,7 +198,7 @@ def _toml() -> Any:
 _EMPTY: KernelPolicy | None = None
 _scoped: contextvars.ContextVar[KernelPolicy | None] = contextvars.ContextVar("xpuruntime_policy", default=None)
 _global: KernelPolicy | None = None
-_environment: KernelPolicy | None = None
+_environment: KernelPolicy | XpuRuntimeError | None = None
 _environment_read = False
 
 
@@ -205,11 +215,17 @@ def _coerce(policy: KernelPolicy | str | Mapping | None, prefs: dict[str, Any]) 
 
 
 def environment_policy(reload: bool = False) -> KernelPolicy | None:
-    """The policy from the environment, read once (or again with reload=True)."""
+    """The policy from the environment, read once (or again with reload=True). A malformed one raises
+    the same error at every use until it is fixed."""
     global _environment, _environment_read
     if reload or not _environment_read:
-        _environment = KernelPolicy.from_env()
+        try:
+            _environment = KernelPolicy.from_env()
+        except XpuRuntimeError as exc:
+            _environment = exc
         _environment_read = True
+    if isinstance(_environment, XpuRuntimeError):
+        raise _environment
     return _environment
 
 
@@ -258,12 +274,14 @@ def kernel_policy(policy: KernelPolicy | str | Mapping | None = None, **prefs: A
     else:
         outer = current_policy()
         options = {k: prefs.pop(k) for k in _OPTIONS if k in prefs}
+        _check_names(prefs, None)  # only the new preferences: the outer policy was checked when made
         scoped = KernelPolicy(
             {**outer.preferences, **prefs},
             strict=options.get("strict", outer.strict),
             math_mode=options.get("math_mode", outer.math_mode),
             deterministic=options.get("deterministic", outer.deterministic),
             sync=options.get("sync", outer.sync),
+            validate=False,
         )
     token = _scoped.set(scoped)
     try:

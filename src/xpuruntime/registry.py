@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import functools
 import importlib
+import inspect
 import threading
+import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -125,7 +127,8 @@ class Registry:
     backends: dict[str, Backend] = field(default_factory=dict)
     kernels: dict[str, dict[str, KernelSpec]] = field(default_factory=dict)
     missing_backends: dict[str, str] = field(default_factory=dict)  # module -> why it did not load
-    _listeners: list[Callable[[str], None]] = field(default_factory=list)
+    generation: int = 0  # bumped on every kernel change; a plan made across a change is not cached
+    _listeners: list[Callable[[], Callable[[str], None] | None]] = field(default_factory=list)
 
     def register_op(self, schema: OpSchema) -> OpSchema:
         if schema.name in self.ops:
@@ -159,11 +162,18 @@ class Registry:
         self._changed(op)
 
     def on_change(self, listener: Callable[[str], None]) -> None:
-        self._listeners.append(listener)
+        """Call `listener(op)` after that op's kernels change. Bound methods are held weakly, so a
+        Dispatcher that is dropped does not stay alive through its registry."""
+        ref = weakref.WeakMethod(listener) if inspect.ismethod(listener) else (lambda: listener)
+        self._listeners.append(ref)
 
     def _changed(self, op: str) -> None:
-        for listener in self._listeners:
-            listener(op)
+        self.generation += 1
+        alive = [(ref, ref()) for ref in self._listeners]
+        self._listeners = [ref for ref, listener in alive if listener is not None]
+        for _, listener in alive:
+            if listener is not None:
+                listener(op)
 
     def op(self, name: str) -> OpSchema:
         try:
@@ -212,18 +222,28 @@ class Registry:
 
 
 _default: Registry | None = None
-_default_lock = threading.Lock()
+_default_ready = False
+_default_lock = threading.RLock()
 
 
 def default_registry() -> Registry:
-    """The process-wide registry, with built-in ops and backends loaded on first use."""
-    global _default
-    if _default is None:
-        with _default_lock:
-            if _default is None:
-                registry = Registry()
-                registry.load_builtins()
-                _default = registry
+    """The process-wide registry, with built-in ops and backends loaded on first use.
+
+    While the built-ins load, other threads wait; the loading thread itself (a backend module that
+    looks at the registry while it is imported) gets the registry as loaded so far instead of a deadlock.
+    """
+    global _default, _default_ready
+    if _default_ready:
+        return _default
+    with _default_lock:
+        if _default is None:
+            _default = Registry()
+            try:
+                _default.load_builtins()
+            except BaseException:
+                _default = None
+                raise
+            _default_ready = True
     return _default
 
 

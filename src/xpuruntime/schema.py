@@ -11,6 +11,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .arrays import check_output_aliasing
+
 if TYPE_CHECKING:
     from .context import DispatchContext
 
@@ -43,6 +45,4 @@ class OpSchema:
 
     def check_layout(self, inputs: tuple, out: Any) -> None:
         """CheckLayout: the aliasing rule between a caller's `out` and the inputs."""
-        from .arrays import check_output_aliasing
-
         check_output_aliasing(self.name, self.inputs, inputs, out, self.inplace)

@@ -31,10 +31,13 @@ def _normalized_shape(ctx: DispatchContext) -> tuple[int, ...]:
     return dims
 
 
+MACHINE_EPSILON = {"float16": 2.0**-10, "bfloat16": 2.0**-7, "float32": 2.0**-23, "float64": 2.0**-52}
+
+
 def _eps(ctx: DispatchContext, default: float | None) -> float:
     eps = ctx.attrs["eps"]
     if eps is None:
-        eps = default if default is not None else float(np.finfo(ctx.tensor("x").dtype).eps)
+        eps = default if default is not None else MACHINE_EPSILON[ctx.tensor("x").dtype]
     if not isinstance(eps, numbers.Real) or isinstance(eps, bool) or not eps >= 0:
         raise argument_error(ArgumentError, ctx.op, "eps", "a number >= 0", repr(eps))
     return float(eps)
@@ -89,7 +92,7 @@ def layer_norm_reference(
 def rms_norm_reference(x: Any, normalized_shape: Any, weight: Any = None, eps: float | None = None) -> np.ndarray:
     """float64 reference; eps=None means the input dtype's machine epsilon, as PyTorch."""
     x_in = np.asarray(x)
-    eps = float(np.finfo(x_in.dtype).eps) if eps is None else eps
+    eps = MACHINE_EPSILON[x_in.dtype.name] if eps is None else eps
     x = x_in.astype(np.float64)
     y = x / np.sqrt((x**2).mean(axis=_axes(x, normalized_shape), keepdims=True) + eps)
     return y if weight is None else y * np.asarray(weight, np.float64)
@@ -131,6 +134,8 @@ def layer_norm(
     *, out: Any = None,
 ) -> Any:  # fmt: skip
     """Layer normalization over the trailing `normalized_shape` dims (F.layer_norm's signature)."""
+    if type(normalized_shape) is list:  # PyTorch users pass lists; a tuple keeps the fast path
+        normalized_shape = tuple(normalized_shape)
     return run("layer_norm", (x, weight, bias), (normalized_shape, eps), out)
 
 
@@ -143,4 +148,6 @@ def rms_norm(
     out: Any = None,
 ) -> Any:
     """RMS normalization over the trailing dims (F.rms_norm's signature; eps=None: dtype's epsilon)."""
+    if type(normalized_shape) is list:
+        normalized_shape = tuple(normalized_shape)
     return run("rms_norm", (x, weight), (normalized_shape, eps), out)

@@ -66,4 +66,6 @@ SUM = OpSchema(
 
 def sum(x: Any, axis: int | tuple[int, ...] | None = -1, keepdims: bool = False, *, out: Any = None) -> Any:
     """Sum of x over `axis` (int, tuple or None for all axes); integer inputs give int64."""
+    if type(axis) is list:
+        axis = tuple(axis)
     return run("sum", (x,), (axis, keepdims), out)

@@ -44,7 +44,11 @@ def matmul_gemv(args: ArgPack) -> None:
     if a.dtype == np.float16:
         _write(args.out, np.dot(as_compute(a), as_compute(b)))
     else:
-        np.dot(a, b, out=args.out) if args.out.flags.c_contiguous else _write(args.out, np.dot(a, b))
+        out = args.out
+        if out.flags.c_contiguous and out.dtype.isnative:  # what np.dot(out=) requires
+            np.dot(a, b, out=out)
+        else:
+            _write(out, np.dot(a, b))
 
 
 def blocked_launch_config(ctx: DispatchContext) -> LaunchConfig:
