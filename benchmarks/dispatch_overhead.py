@@ -16,6 +16,7 @@ import argparse
 import json
 import platform
 import sys
+import time
 import timeit
 from collections.abc import Callable
 
@@ -31,8 +32,10 @@ def per_call_us(variants: dict[str, Callable[[], object]], number: int = 20_000,
     """Best (minimum) mean time per call in µs for each variant, timed interleaved round by round so that
     load from other processes hits all variants alike."""
     best = dict.fromkeys(variants, float("inf"))
-    for fn in variants.values():
-        fn()
+    warm_until = time.perf_counter() + 0.5  # let the CPU clock and caches settle before timing
+    while time.perf_counter() < warm_until:
+        for fn in variants.values():
+            fn()
     for _ in range(repeat):
         for name, fn in variants.items():
             best[name] = min(best[name], timeit.timeit(fn, number=number) / number * 1e6)
