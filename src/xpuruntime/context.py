@@ -107,15 +107,20 @@ def _common_device(op: str, names: tuple[str, ...], specs: tuple[InputSpec, ...]
     return device or "cpu"
 
 
-def build_context(schema: OpSchema, inputs: tuple, attrs: tuple, out: Any, policy: KernelPolicy) -> DispatchContext:
-    """Validate a call against its schema and describe it; raises errors naming the bad argument."""
-    from .device import compute_capability
-
+def check_arity(schema: OpSchema, inputs: tuple, attrs: tuple) -> None:
+    """As many inputs and attributes as the schema names (the positional form `Dispatcher.run` takes)."""
     if len(inputs) != len(schema.inputs) or len(attrs) != len(schema.attrs):
         raise ArgumentError(
             f"{schema.name}: expected inputs {schema.inputs} and attributes {schema.attrs}, "
             f"got {len(inputs)} inputs and {len(attrs)} attributes"
         )
+
+
+def build_context(schema: OpSchema, inputs: tuple, attrs: tuple, out: Any, policy: KernelPolicy) -> DispatchContext:
+    """Validate a call against its schema and describe it; raises errors naming the bad argument."""
+    from .device import compute_capability
+
+    check_arity(schema, inputs, attrs)
     specs = tuple(_describe_input(schema, n, v) for n, v in zip(schema.inputs, inputs))
     out_spec = None if out is None else _describe_out(schema.name, out)
     device = _common_device(schema.name, schema.inputs, specs, out_spec)

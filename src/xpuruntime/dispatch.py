@@ -20,12 +20,12 @@ from numpy import ndarray
 
 from .abi import ArgPack, SyncPolicy, TensorSpec
 from .arrays import NotAnArray, as_array, is_torch_tensor, signature
-from .context import build_context
+from .context import build_context, check_arity
 from .errors import ArgumentError, KernelFallbackWarning, LaunchError, XpuRuntimeError
 from .explanation import Explanation
 from .log import OBSERVERS, DispatchEvent
 from .plan import Plan, PlanCache
-from .policy import KernelPolicy, _coerce, current_policy
+from .policy import KernelPolicy, as_policy, current_policy
 from .registry import Registry, default_registry
 from .schema import OpSchema
 from .selector import Decision, Scorer, Selector, default_scorer
@@ -88,7 +88,7 @@ class Dispatcher:
         try:
             sigs = [(x.dtype, x.shape, x.strides) if type(x) is ndarray else signature(x) for x in inputs]
             # attribute types are part of the key: True == 1 == 1.0 as dict keys, but only one may be valid
-            key = (op, policy._id, attrs, *map(type, attrs), *sigs, None if out is None else signature(out))
+            key = (op, policy.fingerprint, attrs, *map(type, attrs), *sigs, None if out is None else signature(out))
             plan = self.plans.get(key)
         except (NotAnArray, TypeError):
             inputs, attrs, out, key = self._normalize_call(op, inputs, attrs, out, policy)
@@ -136,17 +136,13 @@ class Dispatcher:
         """Slow path: convert array-likes, NumPy scalars, array subclasses and unhashable attributes,
         naming the argument that cannot be converted."""
         schema = self.registry.op(op)
-        if len(inputs) != len(schema.inputs) or len(attrs) != len(schema.attrs):
-            raise ArgumentError(
-                f"{op}: expected inputs {schema.inputs} and attributes {schema.attrs}, "
-                f"got {len(inputs)} inputs and {len(attrs)} attributes"
-            )
+        check_arity(schema, inputs, attrs)
         inputs = tuple(_coerce_input(schema, name, x) for name, x in zip(schema.inputs, inputs))
         out = _coerce_out(op, out)
         attrs = _freeze(attrs)
         key = (
             op,
-            policy._id,
+            policy.fingerprint,
             attrs,
             *map(type, attrs),
             *map(signature, inputs),
@@ -217,7 +213,7 @@ class Dispatcher:
         inputs = tuple(_coerce_input(schema, n, x, specs=True) for n, x in zip(schema.inputs, inputs))
         inputs += (None,) * len(missing)
         attr_values = _freeze(_attr_values(schema, attrs))
-        policy = _coerce(policy, {}) or current_policy()
+        policy = as_policy(policy) or current_policy()
         ctx = build_context(schema, inputs, attr_values, out, policy)
         try:
             decision, error = self.selector.select(ctx, policy), None

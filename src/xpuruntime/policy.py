@@ -71,7 +71,7 @@ class KernelPolicy:
     one, `validate=False` none); the selector checks them again at dispatch.
     """
 
-    __slots__ = ("_id", "deterministic", "math_mode", "preferences", "strict", "sync")
+    __slots__ = ("deterministic", "fingerprint", "math_mode", "preferences", "strict", "sync")
 
     def __init__(
         self,
@@ -96,22 +96,17 @@ class KernelPolicy:
         self.math_mode = None if math_mode is None else MathMode.parse(math_mode)
         self.deterministic = _parse_bool("deterministic", deterministic)
         self.sync = SyncPolicy.parse(sync)
-        self._id = _intern(self._content())
+        self.fingerprint = _intern(self._content())  # equal for equal content; in every plan-cache key
 
     def _content(self) -> tuple:
         mode = self.math_mode.value if self.math_mode else None
         return (tuple(self.preferences.items()), self.strict, mode, self.deterministic, self.sync.value)
 
-    @property
-    def fingerprint(self) -> int:
-        """Equal for policies with equal content; part of every plan-cache key."""
-        return self._id
-
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, KernelPolicy) and other._id == self._id
+        return isinstance(other, KernelPolicy) and other.fingerprint == self.fingerprint
 
     def __hash__(self) -> int:
-        return self._id
+        return self.fingerprint
 
     def __repr__(self) -> str:
         parts = [f"{op}={name!r}" for op, name in self.preferences.items()]
@@ -202,7 +197,10 @@ _environment: KernelPolicy | XpuRuntimeError | None = None
 _environment_read = False
 
 
-def _coerce(policy: KernelPolicy | str | Mapping | None, prefs: dict[str, Any]) -> KernelPolicy | None:
+def as_policy(
+    policy: KernelPolicy | str | Mapping | None, prefs: Mapping[str, Any] | None = None
+) -> KernelPolicy | None:
+    """A KernelPolicy from a policy, a spec string, a mapping or keyword preferences (None if none)."""
     if policy is None:
         return KernelPolicy(**prefs) if prefs else None
     if prefs:
@@ -249,7 +247,7 @@ def current_policy() -> KernelPolicy:
 def set_kernel_policy(policy: KernelPolicy | str | Mapping | None = None, **prefs: Any) -> None:
     """Set the process-wide policy: `set_kernel_policy(matmul="cublasLt")`; no arguments clears it."""
     global _global
-    _global = _coerce(policy, prefs)
+    _global = as_policy(policy, prefs)
 
 
 def get_kernel_policy() -> KernelPolicy:
@@ -270,7 +268,7 @@ def kernel_policy(policy: KernelPolicy | str | Mapping | None = None, **prefs: A
     `kernel_policy(KernelPolicy(...))` (or a spec string / mapping) replaces it for the block.
     """
     if policy is not None:
-        scoped = _coerce(policy, prefs)
+        scoped = as_policy(policy, prefs)
     else:
         outer = current_policy()
         options = {k: prefs.pop(k) for k in _OPTIONS if k in prefs}
