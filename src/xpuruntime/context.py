@@ -40,7 +40,8 @@ class DispatchContext:
 
     def tensor(self, name: str) -> TensorSpec:
         spec = self[name]
-        assert isinstance(spec, TensorSpec), f"{self.op}: '{name}' is not a tensor"
+        if not isinstance(spec, TensorSpec):  # a schema bug: it should have asked has_tensor() first
+            raise TypeError(f"{self.op}: argument '{name}' is {spec!r}, not a tensor")
         return spec
 
     def has_tensor(self, name: str) -> bool:
