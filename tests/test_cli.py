@@ -205,6 +205,7 @@ def test_explain_attention_per_shape_dtypes(capsys: pytest.CaptureFixture[str]) 
         (["softmax", "--shape", "3x4", "--attr", "bogus=1"], "unknown attribute(s) ['bogus']"),
         (["softmax", "--shape", "3x4", "--attr", "axis"], "bad --attr 'axis'"),
         (["soft_max", "--shape", "3x4"], "Did you mean 'softmax'?"),
+        (["matmul", "--shape", "4x4", "--shape", "4x4", "--shape", "4x4"], "expected at most 2 inputs"),
     ],
 )  # fmt: skip
 def test_explain_errors_are_one_line(capsys: pytest.CaptureFixture[str], argv: list[str], message: str) -> None:
@@ -280,6 +281,11 @@ def test_demo_trace(capsys: pytest.CaptureFixture[str], tmp_path: pytest.TempPat
     assert len(matmuls) == 8  # only the auto run is profiled: 4 matmuls x 2 iterations
     assert {e["args"]["kernel"] for e in matmuls} == {"numpy_blas"}
     assert [e["name"] for e in events if e.get("cat") == "range"] == ["layer 0", "head"] * 2
+
+
+def test_demo_trace_into_a_missing_folder_fails_before_running(capsys: pytest.CaptureFixture[str], tmp_path) -> None:
+    code, out, err = run_cli(capsys, "demo", "--trace", str(tmp_path / "nope" / "t.json"))
+    assert code == 2 and out == "" and "does not exist" in err
 
 
 def test_demo_rejects_zero_iterations(capsys: pytest.CaptureFixture[str]) -> None:

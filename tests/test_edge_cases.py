@@ -14,7 +14,14 @@ import xpuruntime as xrt
 from xpuruntime import policy, registry
 from xpuruntime.abi import TensorSpec
 from xpuruntime.dispatch import Dispatcher
-from xpuruntime.errors import ArgumentError, KernelFallbackWarning, LayoutError, UnknownKernelError, UnknownOpError
+from xpuruntime.errors import (
+    ArgumentError,
+    KernelFallbackWarning,
+    LayoutError,
+    PolicyError,
+    UnknownKernelError,
+    UnknownOpError,
+)  # fmt: skip
 from xpuruntime.policy import KernelPolicy
 from xpuruntime.registry import kernel
 
@@ -144,11 +151,24 @@ def test_nested_scopes_check_only_their_own_names():
         KernelPolicy(toy="b")
 
 
-def test_a_broken_environment_policy_names_its_source_every_time(monkeypatch):
+def test_environment_policy_names_are_checked_when_their_op_runs(monkeypatch):
     monkeypatch.setenv(policy.ENV_POLICY, "matmul=blockd")
+    a = np.ones((2, 2), np.float32)
+    xrt.ops.sum(a)  # other ops are unaffected by a matmul preference
+    with pytest.raises(UnknownKernelError, match=r"\$XPURUNTIME_POLICY: unknown kernel 'blockd' for op 'matmul'. Did you"):
+        xrt.ops.matmul(a, a)
+    spec = xrt.register_kernel("matmul", "blockd", backend="cpu")(lambda args: np.matmul(*args.inputs, out=args.out))
+    try:  # a kernel registered after the environment was read is found
+        assert xrt.default_dispatcher().plan("matmul", a, a).kernel.name == "blockd"
+    finally:
+        xrt.default_registry().unregister_kernel(spec.op, spec.name)
+
+
+def test_malformed_environment_policy_raises_at_every_use(monkeypatch):
+    monkeypatch.setenv(policy.ENV_POLICY, "matmul")
     for _ in range(2):
-        with pytest.raises(UnknownKernelError, match=r"\$XPURUNTIME_POLICY: unknown kernel 'blockd'"):
-            policy.environment_policy(reload=False)
+        with pytest.raises(PolicyError, match=r"\$XPURUNTIME_POLICY: expected 'op=kernel'"):
+            xrt.ops.sum(np.ones(3))
 
 
 def test_dropped_dispatchers_do_not_stay_registered():
@@ -158,3 +178,77 @@ def test_dropped_dispatchers_do_not_stay_registered():
     gc.collect()
     reg.register_kernel(kernel("toy", "b", backend="cpu")(lambda a: None))
     assert len(reg._listeners) == 0
+
+
+def test_a_faulty_condition_rejects_its_kernel_instead_of_breaking_the_op():
+    def crashes(ctx):
+        return ctx.attrs["nope"]
+
+    reg = make_toy_registry({"name": "ok"}, {"name": "crashy", "priority": 9, "conditions": (crashes,)},
+                            {"name": "truthy", "priority": 9, "conditions": (lambda ctx: True,)})  # fmt: skip
+    dispatcher = Dispatcher(reg)
+    np.testing.assert_array_equal(dispatcher.run("toy", (np.zeros(2),)), np.zeros(2))  # "ok" (index 0) ran
+    rows = {r["kernel"]: r["reasons"] for r in dispatcher.explain("toy", np.zeros(2)).rows()}
+    assert rows["crashy"] == ["condition crashes raised KeyError('nope')"]
+    assert "answered True; expected None, a reason string or a list of them" in rows["truthy"][0]
+
+
+def test_plan_cache_put_rechecks_validity_under_its_lock():
+    cache = Dispatcher(make_toy_registry({"name": "a"})).plans
+    plan = object.__new__(__import__("xpuruntime.plan", fromlist=["Plan"]).Plan)
+    cache.put("k", plan, still_valid=lambda: False)
+    assert len(cache) == 0
+    cache.put("k", plan, still_valid=lambda: True)
+    assert len(cache) == 1
+
+
+def test_element_types_of_tuple_attributes_are_part_of_the_key():
+    xrt.ops.layer_norm(X, (4,))
+    with pytest.raises(ArgumentError, match=r"expected an int or a tuple of ints, got \(4\.0,\)"):
+        xrt.ops.layer_norm(X, (4.0,))
+    xrt.ops.sum(X, axis=(1,))
+    with pytest.raises(ArgumentError, match="expected an int, got True"):
+        xrt.ops.sum(X, axis=(True,))
+
+
+@pytest.mark.parametrize("value", [{0}, {0: 1}, slice(1)])
+def test_unhashable_attributes_are_argument_errors(value):
+    with pytest.raises(ArgumentError, match="sum: argument 'axis' expected a number, bool, None or tuple"):
+        xrt.ops.sum(X, axis=value)
+
+
+def test_explain_and_plan_take_the_ops_input_defaults_and_reject_extra_inputs():
+    assert xrt.explain("sin_affine", X, show=False).selected == "numpy"
+    assert xrt.default_dispatcher().plan("sin_affine", X).kernel.name == "numpy"
+    with pytest.raises(ArgumentError, match=r"matmul: expected at most 2 inputs \('a', 'b'\), got 3"):
+        xrt.explain("matmul", X, X.T, X, show=False)
+    with pytest.raises(ArgumentError, match="matmul: argument 'b' is required"):
+        xrt.explain("matmul", X, show=False)
+
+
+def test_unknown_kernel_hints_are_caught_at_the_decorator():
+    with pytest.raises(xrt.RegistrationError, match=r"unknown hint 'prio' for kernel 'matmul/x'. Did you mean 'priority'"):
+        xrt.register_kernel("matmul", "x", backend="cpu", prio=3)
+
+
+def test_uint64_sums_do_not_wrap():
+    assert xrt.ops.sum(np.array([2**64 - 1], np.uint64)) == 2**64 - 1
+    assert xrt.ops.sum(np.array([2**63, 2**62], np.uint64)).dtype == np.uint64
+
+
+def test_masked_arrays_and_dropout_are_refused_clearly():
+    with pytest.raises(ArgumentError, match="softmax: argument 'x' is a masked array"):
+        xrt.ops.softmax(np.ma.masked_array(X, mask=X > 0))
+    with pytest.raises(ArgumentError, match=r"attention: argument 'dropout_p' expected 0.0"):
+        xrt.ops.attention(X, X, X, dropout_p=0.1)
+
+
+def test_log_and_profiler_share_one_record_per_dispatch_with_os_thread_ids():
+    xrt.enable_dispatch_logging()
+    with xrt.profiler() as prof:
+        xrt.ops.matmul(X, X.T)
+    [record] = xrt.get_dispatch_logs()
+    assert prof.ops[0].record is record
+    assert prof.ops[0].thread_id == threading.get_native_id()
+    trace = prof.chrome_trace()["traceEvents"]
+    assert all(e["tid"] < 2**32 for e in trace if e["ph"] == "X")  # Perfetto's JSON importer needs 32-bit tids

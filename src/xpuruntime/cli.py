@@ -193,8 +193,12 @@ def cmd_explain(args: argparse.Namespace, console: Console) -> int:
 
 def cmd_demo(args: argparse.Namespace, console: Console) -> int:
     """The built-in demo: an encoder forward pass under four policies (see xpuruntime.demo)."""
+    from pathlib import Path
+
     from .demo import run_demo
 
+    if args.trace and not Path(args.trace).resolve().parent.is_dir():
+        raise ArgumentError(f"--trace {args.trace}: the folder {Path(args.trace).parent} does not exist")
     return run_demo(console, iterations=args.iterations, size=args.size, trace=args.trace)
 
 
@@ -245,6 +249,6 @@ def main(argv: list[str] | None = None) -> int:
     handler: Handler = args.handler
     try:
         return handler(args, make_console())
-    except XpuRuntimeError as exc:
+    except (XpuRuntimeError, OSError) as exc:
         print(f"xpuruntime {args.command}: error: {exc}", file=sys.stderr)
         return 2

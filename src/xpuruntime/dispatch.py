@@ -23,7 +23,7 @@ from .arrays import NotAnArray, as_array, is_torch_tensor, signature
 from .context import build_context, check_arity
 from .errors import ArgumentError, KernelFallbackWarning, LaunchError, XpuRuntimeError
 from .explanation import Explanation
-from .log import OBSERVERS, DispatchEvent
+from .log import OBSERVERS, DispatchEvent, DispatchRecord
 from .plan import Plan, PlanCache
 from .policy import KernelPolicy, as_policy, current_policy
 from .registry import Registry, default_registry
@@ -45,6 +45,26 @@ def _freeze(value: Any) -> Any:
     if isinstance(value, np.generic):
         return value.item()
     return value
+
+
+def _attr_types(attrs: tuple) -> tuple:
+    """Attribute types for the plan-cache key, element types too inside tuples: True == 1 == 1.0 as
+    dict keys, yet only one of them may be a valid value, and a cache hit skips validation."""
+    return tuple((tuple, *_attr_types(a)) if type(a) is tuple else type(a) for a in attrs)
+
+
+def _fill_inputs(schema: OpSchema, inputs: tuple) -> tuple:
+    """Trailing inputs left out take the schema's default (sin_affine's a=1.0) or None if optional."""
+    if len(inputs) > len(schema.inputs):
+        raise ArgumentError(
+            f"{schema.name}: expected at most {len(schema.inputs)} inputs {schema.inputs}, got {len(inputs)}"
+        )
+    filled = list(inputs)
+    for name in schema.inputs[len(inputs) :]:
+        if name not in schema.defaults and name not in schema.optional:
+            raise ArgumentError(f"{schema.name}: argument '{name}' is required")
+        filled.append(schema.defaults.get(name))
+    return tuple(filled)
 
 
 def _attr_values(schema: OpSchema, attrs: Mapping[str, Any]) -> tuple:
@@ -87,8 +107,10 @@ class Dispatcher:
         result = out
         try:
             sigs = [(x.dtype, x.shape, x.strides) if type(x) is ndarray else signature(x) for x in inputs]
-            # attribute types are part of the key: True == 1 == 1.0 as dict keys, but only one may be valid
-            key = (op, policy.fingerprint, attrs, *map(type, attrs), *sigs, None if out is None else signature(out))
+            types = tuple(map(type, attrs))
+            if tuple in types:
+                types = _attr_types(attrs)
+            key = (op, policy.fingerprint, attrs, types, *sigs, None if out is None else signature(out))
             plan = self.plans.get(key)
         except (NotAnArray, TypeError):
             inputs, attrs, out, key = self._normalize_call(op, inputs, attrs, out, policy)
@@ -125,7 +147,9 @@ class Dispatcher:
     def _launch_observed(self, plan: Plan, inputs: tuple, out: Any, hit: bool, start: int) -> None:
         launch_start = time.perf_counter_ns()
         self._launch(plan, inputs, out)
-        event = DispatchEvent(plan, hit, start, launch_start, time.perf_counter_ns(), threading.get_ident())
+        end = time.perf_counter_ns()
+        record = DispatchRecord.make(plan, hit, (end - launch_start) / 1000.0)
+        event = DispatchEvent(plan, record, start, launch_start, end, threading.get_native_id())
         for observer in list(OBSERVERS):
             observer.on_dispatch(event)
 
@@ -140,14 +164,15 @@ class Dispatcher:
         inputs = tuple(_coerce_input(schema, name, x) for name, x in zip(schema.inputs, inputs))
         out = _coerce_out(op, out)
         attrs = _freeze(attrs)
-        key = (
-            op,
-            policy.fingerprint,
-            attrs,
-            *map(type, attrs),
-            *map(signature, inputs),
-            None if out is None else signature(out),
-        )
+        for name, value in zip(schema.attrs, attrs):
+            try:
+                hash(value)
+            except TypeError:
+                raise ArgumentError(
+                    f"{op}: argument '{name}' expected a number, bool, None or tuple, got {type(value).__name__}"
+                ) from None
+        out_key = None if out is None else signature(out)
+        key = (op, policy.fingerprint, attrs, _attr_types(attrs), *map(signature, inputs), out_key)
         return inputs, attrs, out, key
 
     def _plan_miss(self, op: str, inputs: tuple, attrs: tuple, out: Any, policy: KernelPolicy, key: Hashable) -> Plan:
@@ -156,8 +181,8 @@ class Dispatcher:
         if decision.reason == "fallback":
             self._warn_fallback(decision, key)
         plan = self.make_plan(decision, policy)
-        if self.registry.generation == generation:  # a kernel registered meanwhile may beat this plan
-            self.plans.put(key, plan)
+        # a kernel registered meanwhile may beat this plan: then use it for this call only
+        self.plans.put(key, plan, still_valid=lambda: self.registry.generation == generation)
         return plan
 
     def decide(self, op: str, inputs: tuple, attrs: tuple, out: Any, policy: KernelPolicy) -> Decision:
@@ -196,7 +221,7 @@ class Dispatcher:
     def plan(self, op: str, *inputs: Any, out: Any = None, **attrs: Any) -> Plan:
         """The (cached) plan a call would use, without running it; attributes by keyword, defaults filled."""
         schema = self.registry.op(op)
-        inputs = inputs + (None,) * (len(schema.inputs) - len(inputs))
+        inputs = _fill_inputs(schema, inputs)
         policy = current_policy()
         inputs, attr_values, out, key = self._normalize_call(op, inputs, _attr_values(schema, attrs), out, policy)
         return self.plans.get(key) or self._plan_miss(op, inputs, attr_values, out, policy, key)
@@ -207,11 +232,9 @@ class Dispatcher:
     ) -> Explanation:  # fmt: skip
         """Every candidate for this call with its verdict, reasons and score; arrays or TensorSpecs."""
         schema = self.registry.op(op)
-        missing = schema.inputs[len(inputs) :]
-        if any(name not in schema.optional for name in missing):
-            raise ArgumentError(f"{op}: expected inputs {schema.inputs}, got {len(inputs)}")
-        inputs = tuple(_coerce_input(schema, n, x, specs=True) for n, x in zip(schema.inputs, inputs))
-        inputs += (None,) * len(missing)
+        inputs = tuple(
+            _coerce_input(schema, n, x, specs=True) for n, x in zip(schema.inputs, _fill_inputs(schema, inputs))
+        )
         attr_values = _freeze(_attr_values(schema, attrs))
         policy = as_policy(policy) or current_policy()
         ctx = build_context(schema, inputs, attr_values, out, policy)
@@ -227,6 +250,8 @@ def _coerce_input(schema: OpSchema, name: str, x: Any, specs: bool = False) -> A
     """One input as the dispatcher takes it; NumPy scalars count as Python numbers where the op takes those."""
     if isinstance(x, np.generic) and name in schema.scalars:
         return x.item()
+    if isinstance(x, np.ma.MaskedArray):
+        raise ArgumentError(f"{schema.name}: argument '{name}' is a masked array; pass x.filled(value) instead")
     if isinstance(x, TensorSpec) and not specs:
         raise ArgumentError(f"{schema.name}: argument '{name}' expected an array, got a TensorSpec (for explain)")
     try:

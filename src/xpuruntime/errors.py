@@ -72,8 +72,8 @@ def argument_error(cls: type[XpuRuntimeError], op: str, arg: str, expected: str,
 
 
 def unknown_name(
-    cls: type[UnknownNameError], what: str, name: str, known: Iterable[str], where: str = ""
-) -> UnknownNameError:
+    cls: type[XpuRuntimeError], what: str, name: str, known: Iterable[str], where: str = ""
+) -> XpuRuntimeError:
     """Build an unknown-name error that lists the known names and suggests the closest one.
 
     `unknown_name(UnknownKernelError, "kernel", "blockd", [...], where=" for op 'matmul'")`

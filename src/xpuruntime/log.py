@@ -9,8 +9,7 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 if TYPE_CHECKING:
     from .plan import Plan
@@ -18,12 +17,12 @@ if TYPE_CHECKING:
 DEFAULT_MAX_RECORDS = 10_000
 
 
-@dataclass(frozen=True, slots=True)
-class DispatchEvent:
-    """What an observer hears about one dispatch. Times are time.perf_counter_ns() values."""
+class DispatchEvent(NamedTuple):
+    """What an observer hears about one dispatch. Times are time.perf_counter_ns() values; `thread_id`
+    is the OS thread id (what trace viewers show)."""
 
     plan: Plan
-    cache_hit: bool
+    record: DispatchRecord
     dispatch_start_ns: int
     launch_start_ns: int
     launch_end_ns: int
@@ -50,8 +49,7 @@ def remove_observer(observer: Observer) -> None:
             OBSERVERS.remove(observer)
 
 
-@dataclass(frozen=True, slots=True)
-class DispatchRecord:
+class DispatchRecord(NamedTuple):
     """One line of the dispatch log. `reason` is how the plan chose its kernel (policy / auto /
     fallback); `cache_hit` says whether this call reused a cached plan. `elapsed_us` is the launch."""
 
@@ -67,24 +65,12 @@ class DispatchRecord:
     timestamp: float  # time.time() when the record was made
 
     def as_dict(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in self.__slots__}
+        return self._asdict()
 
     @classmethod
-    def from_event(cls, event: DispatchEvent) -> DispatchRecord:
-        plan = event.plan
-        ctx = plan.decision.ctx
-        return cls(
-            op_name=ctx.op,
-            selected_kernel=plan.kernel.name,
-            backend=plan.kernel.backend,
-            reason=plan.reason,
-            cache_hit=event.cache_hit,
-            input_shapes=ctx.shapes,
-            dtype=ctx.dtype if ctx.tensors else "",
-            elapsed_us=(event.launch_end_ns - event.launch_start_ns) / 1000.0,
-            launch_config=plan.config.describe(),
-            timestamp=time.time(),
-        )
+    def make(cls, plan: Plan, cache_hit: bool, elapsed_us: float) -> DispatchRecord:
+        op, kernel, backend, reason, shapes, dtype, config = plan.log_fields
+        return cls(op, kernel, backend, reason, cache_hit, shapes, dtype, elapsed_us, config, time.time())
 
 
 class DispatchLog:
@@ -94,7 +80,7 @@ class DispatchLog:
         self.records: collections.deque[DispatchRecord] = collections.deque(maxlen=max_records)
 
     def on_dispatch(self, event: DispatchEvent) -> None:
-        self.records.append(DispatchRecord.from_event(event))
+        self.records.append(event.record)
 
 
 _log = DispatchLog()

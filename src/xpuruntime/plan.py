@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from .abi import LaunchConfig
+from .abi import LaunchConfig, TensorSpec
 from .registry import KernelSpec
 from .schema import OpSchema
 from .selector import Decision
@@ -24,8 +24,8 @@ class Plan:
     """What to run for one call signature: kernel, normalized attributes, launch config, output spec."""
 
     __slots__ = (
-        "attrs", "config", "decision", "empty", "kernel", "last_used", "launch", "out_dtype", "out_shape",
-        "schema", "synchronize", "workspace_bytes",
+        "_cost", "_log_fields", "attrs", "config", "decision", "empty", "kernel", "last_used", "launch",
+        "out_dtype", "out_shape", "schema", "synchronize", "workspace_bytes",
     )  # fmt: skip
 
     def __init__(
@@ -50,10 +50,31 @@ class Plan:
         self.empty = empty
         self.synchronize = synchronize  # None unless the policy asks for FULL_SYNC
         self.last_used = 0  # the plan cache's clock at the last hit, for LRU eviction
+        self._log_fields: tuple | None = None
+        self._cost: tuple[int, int] | None = None
 
     @property
     def reason(self) -> str:
         return self.decision.reason
+
+    @property
+    def log_fields(self) -> tuple:
+        """(op, kernel, backend, reason, shapes, dtype, launch config): fixed per plan, built once."""
+        if self._log_fields is None:
+            ctx = self.decision.ctx
+            dtype = ctx.dtype if ctx.tensors else ""
+            self._log_fields = (ctx.op, self.kernel.name, self.kernel.backend, self.reason, ctx.shapes, dtype,
+                                self.config.describe())  # fmt: skip
+        return self._log_fields
+
+    @property
+    def cost(self) -> tuple[int, int]:
+        """(bytes moved, FLOPs) of one call: each tensor read once and the output written once."""
+        if self._cost is None:
+            ctx = self.decision.ctx
+            out = TensorSpec(ctx.out_shape, ctx.out_dtype)
+            self._cost = (sum(t.nbytes for t in ctx.tensors) + out.nbytes, int(self.schema.flops(ctx)))
+        return self._cost
 
     def allocate(self) -> Any:
         return self.empty(self.out_shape, self.out_dtype, self.decision.ctx.device)
@@ -105,8 +126,12 @@ class PlanCache:
         plan.last_used = self.hits
         return plan
 
-    def put(self, key: Hashable, plan: Plan) -> None:
+    def put(self, key: Hashable, plan: Plan, still_valid: Callable[[], bool] = lambda: True) -> None:
+        """Insert unless `still_valid()` is false; it is asked under the same lock that `invalidate`
+        takes, so an invalidation can never slip between the check and the insert."""
         with self._lock:
+            if not still_valid():
+                return
             plan.last_used = self.hits
             self._plans[key] = plan
             if len(self._plans) > self.maxsize:

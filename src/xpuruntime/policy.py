@@ -71,7 +71,7 @@ class KernelPolicy:
     one, `validate=False` none); the selector checks them again at dispatch.
     """
 
-    __slots__ = ("deterministic", "fingerprint", "math_mode", "preferences", "strict", "sync")
+    __slots__ = ("deterministic", "fingerprint", "math_mode", "preferences", "source", "strict", "sync")
 
     def __init__(
         self,
@@ -82,6 +82,7 @@ class KernelPolicy:
         deterministic: bool = False,
         sync: SyncPolicy | str = SyncPolicy.NO_SYNC,
         validate: bool | Registry = True,
+        source: str = "",
         **op_preferences: str,
     ) -> None:
         prefs = {**(preferences or {}), **op_preferences}
@@ -96,6 +97,7 @@ class KernelPolicy:
         self.math_mode = None if math_mode is None else MathMode.parse(math_mode)
         self.deterministic = _parse_bool("deterministic", deterministic)
         self.sync = SyncPolicy.parse(sync)
+        self.source = source  # where the policy came from ("$XPURUNTIME_POLICY", a file), for messages
         self.fingerprint = _intern(self._content())  # equal for equal content; in every plan-cache key
 
     def _content(self) -> tuple:
@@ -130,19 +132,19 @@ class KernelPolicy:
         }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any], source: str = "dict") -> KernelPolicy:
+    def from_dict(cls, data: Mapping[str, Any], source: str = "dict", validate: bool = True) -> KernelPolicy:
         """Options (strict, math_mode, deterministic, sync) and op=kernel pairs, flat or under 'preferences'."""
         data = dict(data)
         prefs = dict(data.pop("preferences", {}) or {})
         options = {k: data.pop(k) for k in _OPTIONS if k in data and data[k] is not None}
         data = {k: v for k, v in data.items() if k not in _OPTIONS}
         try:
-            return cls({**prefs, **data}, **options)
+            return cls({**prefs, **data}, **options, validate=validate, source=source)
         except XpuRuntimeError as exc:  # same error class, message says where the spec came from
             raise type(exc)(f"{source}: {exc}") from None
 
     @classmethod
-    def from_string(cls, spec: str, source: str = "policy string") -> KernelPolicy:
+    def from_string(cls, spec: str, source: str = "policy string", validate: bool = True) -> KernelPolicy:
         """Parse 'matmul=cublasLt,attention=flash_v2,strict=true'."""
         data: dict[str, str] = {}
         for item in filter(None, (part.strip() for part in spec.split(","))):
@@ -150,10 +152,10 @@ class KernelPolicy:
             if not sep or not key.strip() or not value.strip():
                 raise PolicyError(f"{source}: expected 'op=kernel' items separated by commas, got {item!r}")
             data[key.strip()] = value.strip()
-        return cls.from_dict(data, source)
+        return cls.from_dict(data, source, validate)
 
     @classmethod
-    def from_file(cls, path: str | os.PathLike) -> KernelPolicy:
+    def from_file(cls, path: str | os.PathLike, validate: bool = True) -> KernelPolicy:
         """Load a TOML (.toml) or JSON (any other suffix) file with the keys `from_dict` takes."""
         path = Path(path)
         try:
@@ -169,16 +171,20 @@ class KernelPolicy:
             raise PolicyError(f"policy file {path} is malformed: {exc}") from None
         if not isinstance(data, dict):
             raise PolicyError(f"policy file {path}: expected a table/object at the top level")
-        return cls.from_dict(data, f"policy file {path}")
+        return cls.from_dict(data, f"policy file {path}", validate)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> KernelPolicy | None:
-        """The policy named by XPURUNTIME_POLICY (inline) or XPURUNTIME_POLICY_FILE, or None."""
+        """The policy named by XPURUNTIME_POLICY (inline) or XPURUNTIME_POLICY_FILE, or None.
+
+        Names are not checked against the registry here: the environment is read before user kernels
+        are registered. A name still unknown when its op is dispatched raises then, with a suggestion.
+        """
         environ = os.environ if environ is None else environ
         if environ.get(ENV_POLICY):
-            return cls.from_string(environ[ENV_POLICY], f"${ENV_POLICY}")
+            return cls.from_string(environ[ENV_POLICY], f"${ENV_POLICY}", validate=False)
         if environ.get(ENV_POLICY_FILE):
-            return cls.from_file(environ[ENV_POLICY_FILE])
+            return cls.from_file(environ[ENV_POLICY_FILE], validate=False)
         return None
 
 
@@ -213,8 +219,8 @@ def as_policy(
 
 
 def environment_policy(reload: bool = False) -> KernelPolicy | None:
-    """The policy from the environment, read once (or again with reload=True). A malformed one raises
-    the same error at every use until it is fixed."""
+    """The policy from the environment, read once (or again with reload=True). A malformed one (bad
+    syntax, unreadable file) raises the same error at every use until it is fixed."""
     global _environment, _environment_read
     if reload or not _environment_read:
         try:

@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .abi import TensorSpec
 from .log import DispatchEvent, DispatchRecord, add_observer, remove_observer
 
 _active: list[Profiler] = []
@@ -48,13 +47,6 @@ class RangeEvent:
     thread_id: int
 
 
-def _bytes_moved(plan: Any) -> int:
-    """Each tensor argument read once plus the output written once."""
-    ctx = plan.decision.ctx
-    out = TensorSpec(ctx.out_shape, ctx.out_dtype)
-    return sum(t.nbytes for t in ctx.tensors) + out.nbytes
-
-
 class Profiler:
     """Collects OpEvents and RangeEvents while active; use `xpuruntime.profiler()` to activate."""
 
@@ -68,15 +60,15 @@ class Profiler:
         return (ns - self._origin_ns) / 1000.0
 
     def on_dispatch(self, event: DispatchEvent) -> None:
-        plan = event.plan
+        bytes_moved, flops = event.plan.cost
         self.ops.append(
             OpEvent(
-                record=DispatchRecord.from_event(event),
+                record=event.record,
                 start_us=self._us(event.dispatch_start_ns),
                 dispatch_us=(event.launch_end_ns - event.dispatch_start_ns) / 1000.0,
                 kernel_start_us=self._us(event.launch_start_ns),
-                bytes_moved=_bytes_moved(plan),
-                flops=plan.schema.flops(plan.decision.ctx),
+                bytes_moved=bytes_moved,
+                flops=flops,
                 thread_id=event.thread_id,
             )
         )
@@ -89,7 +81,7 @@ class Profiler:
             yield
         finally:
             end = time.perf_counter_ns()
-            self.ranges.append(RangeEvent(name, self._us(start), (end - start) / 1000.0, threading.get_ident()))
+            self.ranges.append(RangeEvent(name, self._us(start), (end - start) / 1000.0, threading.get_native_id()))
 
     def chrome_trace(self) -> dict[str, Any]:
         """The trace as a dict in the Chrome trace-event format (complete events)."""

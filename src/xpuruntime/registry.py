@@ -7,6 +7,7 @@ of xformers' `not_supported_reasons`. The selector decides.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import inspect
@@ -23,7 +24,9 @@ if TYPE_CHECKING:
     from .context import DispatchContext
     from .schema import OpSchema
 
-# A condition returns the reasons it fails: None, "" or [] when the kernel supports the call.
+# A condition returns the reasons it fails: None, "" or [] when the kernel supports the call. It may look
+# only at what the plan-cache key fixes (op, attributes, dtypes, shapes, strides, devices, policy): a
+# decision is reused for every later call with the same key. (Pointer alignment is not in the key.)
 Condition = Callable[["DispatchContext"], "str | Iterable[str] | None"]
 LaunchFn = Callable[[ArgPack], None]
 
@@ -97,10 +100,25 @@ class KernelSpec:
         if ctx.deterministic and not self.deterministic:
             reasons.append("not deterministic (policy asks for deterministic=True)")
         for condition in self.conditions:
-            answer = condition(ctx)
-            if answer:
-                reasons.extend([answer] if isinstance(answer, str) else answer)
+            reasons.extend(_ask(condition, ctx))
         return reasons
+
+
+def _ask(condition: Condition, ctx: DispatchContext) -> list[str]:
+    """A condition's reasons. A condition that raises or answers something other than reason strings
+    rejects its kernel with a reason saying so, instead of breaking every call of the op."""
+    name = getattr(condition, "__name__", repr(condition))
+    try:
+        answer = condition(ctx)
+    except Exception as exc:
+        return [f"condition {name} raised {exc!r}"]
+    if not answer:
+        return []
+    if isinstance(answer, str):
+        return [answer]
+    if isinstance(answer, list | tuple) and all(isinstance(a, str) for a in answer):
+        return list(answer)
+    return [f"condition {name} answered {answer!r}; expected None, a reason string or a list of them"]
 
 
 def _sm(cc: tuple[int, int]) -> str:
@@ -109,6 +127,11 @@ def _sm(cc: tuple[int, int]) -> str:
 
 def kernel(op: str, name: str, *, backend: str, **hints: Any) -> Callable[[LaunchFn], KernelSpec]:
     """Decorator declaring a launch function as a kernel; register the result with a Registry."""
+
+    known = {f.name for f in dataclasses.fields(KernelSpec)} - {"op", "name", "backend", "launch"}
+    for hint in hints:
+        if hint not in known:
+            raise unknown_name(RegistrationError, "hint", hint, known, where=f" for kernel '{op}/{name}'")
 
     def declare(launch: LaunchFn) -> KernelSpec:
         hints.setdefault("doc", (launch.__doc__ or "").strip().split("\n")[0])
@@ -129,37 +152,42 @@ class Registry:
     missing_backends: dict[str, str] = field(default_factory=dict)  # module -> why it did not load
     generation: int = 0  # bumped on every kernel change; a plan made across a change is not cached
     _listeners: list[Callable[[], Callable[[str], None] | None]] = field(default_factory=list)
+    _lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
 
     def register_op(self, schema: OpSchema) -> OpSchema:
-        if schema.name in self.ops:
-            raise RegistrationError(f"op '{schema.name}' is already registered")
-        self.ops[schema.name] = schema
-        self.kernels[schema.name] = {}
+        with self._lock:
+            if schema.name in self.ops:
+                raise RegistrationError(f"op '{schema.name}' is already registered")
+            self.ops[schema.name] = schema
+            self.kernels[schema.name] = {}
         return schema
 
     def register_backend(self, backend: Backend) -> Backend:
-        if backend.name in self.backends:
-            raise RegistrationError(f"backend '{backend.name}' is already registered")
-        self.backends[backend.name] = backend
+        with self._lock:
+            if backend.name in self.backends:
+                raise RegistrationError(f"backend '{backend.name}' is already registered")
+            self.backends[backend.name] = backend
         return backend
 
     def register_kernel(self, spec: KernelSpec) -> KernelSpec:
         """Add a kernel; a second kernel with the same name for the same op is an error."""
-        table = self.kernels.get(spec.op)
-        if table is None:
-            raise unknown_name(UnknownOpError, "op", spec.op, self.ops)
-        if spec.backend not in self.backends:
-            raise unknown_name(UnknownNameError, "backend", spec.backend, self.backends)
-        if spec.name in table:
-            raise RegistrationError(f"{spec.op}: a kernel named '{spec.name}' is already registered")
-        table[spec.name] = spec
-        self._changed(spec.op)
+        with self._lock:
+            table = self.kernels.get(spec.op)
+            if table is None:
+                raise unknown_name(UnknownOpError, "op", spec.op, self.ops)
+            if spec.backend not in self.backends:
+                raise unknown_name(UnknownNameError, "backend", spec.backend, self.backends)
+            if spec.name in table:
+                raise RegistrationError(f"{spec.op}: a kernel named '{spec.name}' is already registered")
+            table[spec.name] = spec
+            self._changed(spec.op)
         return spec
 
     def unregister_kernel(self, op: str, name: str) -> None:
-        self.kernel(op, name)
-        del self.kernels[op][name]
-        self._changed(op)
+        with self._lock:
+            self.kernel(op, name)
+            del self.kernels[op][name]
+            self._changed(op)
 
     def on_change(self, listener: Callable[[str], None]) -> None:
         """Call `listener(op)` after that op's kernels change. Bound methods are held weakly, so a
@@ -250,7 +278,9 @@ def default_registry() -> Registry:
 def register_kernel(op: str, name: str, *, backend: str, **hints: Any) -> Callable[[LaunchFn], KernelSpec]:
     """Decorator: declare a kernel and add it to the default registry (invalidating that op's plans)."""
 
+    declare = kernel(op, name, backend=backend, **hints)  # bad hint names fail here, at the decorator line
+
     def declare_and_register(launch: LaunchFn) -> KernelSpec:
-        return default_registry().register_kernel(kernel(op, name, backend=backend, **hints)(launch))
+        return default_registry().register_kernel(declare(launch))
 
     return declare_and_register

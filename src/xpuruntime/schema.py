@@ -35,7 +35,7 @@ class OpSchema:
     infer_shape: Callable[[DispatchContext], tuple[int, ...]]
     reference: Callable[..., Any]
     attrs: tuple[str, ...] = ()
-    defaults: Mapping[str, Any] = field(default_factory=dict)  # attribute defaults, for `explain`
+    defaults: Mapping[str, Any] = field(default_factory=dict)  # input and attribute defaults (explain, plan)
     optional: frozenset[str] = field(default_factory=frozenset)  # inputs that may be None
     scalars: frozenset[str] = field(default_factory=frozenset)  # inputs that may be Python numbers
     normalize_attrs: Callable[[DispatchContext], dict[str, Any]] = _no_attrs

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from .context import DispatchContext
-from .errors import NoKernelError, UnsupportedByPolicyError
+from .errors import NoKernelError, UnknownNameError, UnsupportedByPolicyError
 from .policy import KernelPolicy
 from .registry import KernelSpec, Registry
 
@@ -86,7 +86,10 @@ class Selector:
         preferred = policy.preferences.get(ctx.op)
         best = candidates[0] if candidates and candidates[0].supported else None
         if preferred is not None:
-            self.registry.kernel(ctx.op, preferred)  # the registry may have changed since the policy was made
+            try:  # an unknown name (e.g. from the environment, read before user kernels exist): error + suggestion
+                self.registry.kernel(ctx.op, preferred)
+            except UnknownNameError as exc:
+                raise type(exc)(f"{policy.source}: {exc}" if policy.source else str(exc)) from None
             chosen = next(c for c in candidates if c.kernel.name == preferred)
             if chosen.supported:
                 return Decision(ctx, chosen.kernel, "policy", preferred, tuple(candidates))

@@ -110,8 +110,11 @@ ATTENTION = OpSchema(
 
 
 def attention(
-    q: Any, k: Any, v: Any, attn_mask: Any = None, is_causal: bool = False, scale: float | None = None,
-    *, out: Any = None,
+    q: Any, k: Any, v: Any, attn_mask: Any = None, dropout_p: float = 0.0, is_causal: bool = False,
+    scale: float | None = None, *, out: Any = None,
 ) -> Any:  # fmt: skip
-    """Scaled dot-product attention with F.scaled_dot_product_attention's arguments (no dropout)."""
+    """Scaled dot-product attention with F.scaled_dot_product_attention's arguments; dropout_p must be 0
+    (inference semantics: apply dropout outside the op)."""
+    if dropout_p != 0.0:
+        raise argument_error(ArgumentError, "attention", "dropout_p", "0.0 (dropout is not supported)", repr(dropout_p))
     return run("attention", (q, k, v, attn_mask), (is_causal, scale), out)

@@ -33,6 +33,7 @@ SIN_AFFINE = OpSchema(
     name="sin_affine",
     inputs=("x", "a", "b"),
     scalars=frozenset({"a", "b"}),
+    defaults={"a": 1.0, "b": 0.0},
     infer_dtype=_infer_dtype,
     infer_shape=_infer_shape,
     reference=reference,
@@ -44,4 +45,8 @@ SIN_AFFINE = OpSchema(
 
 def sin_affine(x: Any, a: Any = 1.0, b: Any = 0.0, *, out: Any = None) -> Any:
     """y = sin(a*x + b), broadcasting x, a and b (a, b may be Python numbers). `out` may be x."""
+    if type(a) is not float and isinstance(a, np.generic):  # NumPy scalars act as Python numbers,
+        a = a.item()  # here rather than on the dispatcher's slow path, so they keep the fast path
+    if type(b) is not float and isinstance(b, np.generic):
+        b = b.item()
     return run("sin_affine", (x, a, b), (), out)

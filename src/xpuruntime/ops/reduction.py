@@ -32,6 +32,8 @@ def _infer_dtype(ctx: DispatchContext) -> str:
     dtype = ctx.tensor("x").dtype
     if dtype in FLOAT_DTYPES:
         return dtype
+    if dtype == "uint64":
+        return "uint64"  # int64 cannot hold it
     if dtype in INT_DTYPES or dtype == "bool":
         return "int64"  # like PyTorch: integer and bool sums accumulate and return int64
     raise argument_error(DTypeError, ctx.op, "x", "a floating, integer or bool dtype", dtype)
@@ -46,7 +48,7 @@ def _infer_shape(ctx: DispatchContext) -> tuple[int, ...]:
 def reference(x: Any, axis: Any = -1, keepdims: bool = False) -> np.ndarray:
     """float64 (int64 for integers) reference."""
     x = np.asarray(x)
-    acc = np.float64 if x.dtype.kind == "f" else np.int64
+    acc = np.float64 if x.dtype.kind == "f" else (np.uint64 if x.dtype == np.uint64 else np.int64)
     return np.sum(x.astype(acc), axis=axis, keepdims=keepdims)
 
 
