@@ -211,9 +211,9 @@ def test_element_types_of_tuple_attributes_are_part_of_the_key():
         xrt.ops.sum(X, axis=(True,))
 
 
-@pytest.mark.parametrize("value", [{0}, {0: 1}, slice(1)])
-def test_unhashable_attributes_are_argument_errors(value):
-    with pytest.raises(ArgumentError, match="sum: argument 'axis' expected a number, bool, None or tuple"):
+@pytest.mark.parametrize("value", [{0}, {0: 1}, slice(1)])  # slices are hashable from Python 3.12 on
+def test_unhashable_or_odd_attributes_are_argument_errors(value):
+    with pytest.raises(ArgumentError, match=r"sum: argument 'axis' expected (a number, bool, None or tuple|an int)"):
         xrt.ops.sum(X, axis=value)
 
 

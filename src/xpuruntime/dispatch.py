@@ -107,7 +107,7 @@ class Dispatcher:
         result = out
         try:
             sigs = [(x.dtype, x.shape, x.strides) if type(x) is ndarray else signature(x) for x in inputs]
-            types = tuple(map(type, attrs))
+            types = tuple(map(type, attrs)) if attrs else ()
             if tuple in types:
                 types = _attr_types(attrs)
             key = (op, policy.fingerprint, attrs, types, *sigs, None if out is None else signature(out))
@@ -122,36 +122,19 @@ class Dispatcher:
             out = result = plan.allocate()
         else:
             plan.schema.check_layout(inputs, out)
-        if start:
-            self._launch_observed(plan, inputs, out, hit, start)
-        else:
-            self._launch(plan, inputs, out)
-        return result
-
-    def _launch(self, plan: Plan, inputs: tuple, out: Any) -> None:
-        workspace = None
-        if plan.workspace_bytes:
-            workspace = self.workspaces.lend(plan.workspace_bytes, plan.decision.ctx.device, plan.empty)
+        launch_start = time.perf_counter_ns() if start else 0
+        workspace = (
+            self.workspaces.lend(plan.workspace_bytes, plan.device, plan.empty) if plan.workspace_bytes else None
+        )
         try:
             plan.launch(ArgPack(inputs, out, plan.attrs, plan.config, workspace))
             if plan.synchronize is not None:
-                plan.synchronize(plan.decision.ctx.device)
+                plan.synchronize(plan.device)
         except Exception as exc:
-            kernel = plan.kernel
-            raise LaunchError(
-                f"{kernel.op}: kernel '{kernel.name}' [{kernel.backend}] failed "
-                f"(launch config {plan.config.describe()}; {plan.decision.ctx.summary()}): "
-                f"{type(exc).__name__}: {exc}"
-            ) from exc
-
-    def _launch_observed(self, plan: Plan, inputs: tuple, out: Any, hit: bool, start: int) -> None:
-        launch_start = time.perf_counter_ns()
-        self._launch(plan, inputs, out)
-        end = time.perf_counter_ns()
-        record = DispatchRecord.make(plan, hit, (end - launch_start) / 1000.0)
-        event = DispatchEvent(plan, record, start, launch_start, end, threading.get_native_id())
-        for observer in list(OBSERVERS):
-            observer.on_dispatch(event)
+            raise _launch_error(plan, exc) from exc
+        if start:
+            _notify_observers(plan, hit, start, launch_start)
+        return result
 
     # -- misses ------------------------------------------------------------------------------
     def _normalize_call(
@@ -244,6 +227,23 @@ class Dispatcher:
         except XpuRuntimeError as exc:  # the explanation shows why nothing could be chosen
             decision, error, candidates = None, exc, self.selector.evaluate(ctx)
         return Explanation(ctx, policy, candidates, decision, error)
+
+
+def _launch_error(plan: Plan, exc: Exception) -> LaunchError:
+    kernel = plan.kernel
+    return LaunchError(
+        f"{kernel.op}: kernel '{kernel.name}' [{kernel.backend}] failed "
+        f"(launch config {plan.config.describe()}; {plan.decision.ctx.summary()}): {type(exc).__name__}: {exc}"
+    )
+
+
+def _notify_observers(plan: Plan, hit: bool, start: int, launch_start: int) -> None:
+    """Tell the dispatch log and active profilers about one dispatch (only runs while any is active)."""
+    end = time.perf_counter_ns()
+    record = DispatchRecord.make(plan, hit, (end - launch_start) / 1000.0)
+    event = DispatchEvent(plan, record, start, launch_start, end, threading.get_native_id())
+    for observer in list(OBSERVERS):
+        observer.on_dispatch(event)
 
 
 def _coerce_input(schema: OpSchema, name: str, x: Any, specs: bool = False) -> Any:

@@ -8,6 +8,7 @@ the key); registering or removing a kernel drops that op's plans.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
@@ -24,8 +25,8 @@ class Plan:
     """What to run for one call signature: kernel, normalized attributes, launch config, output spec."""
 
     __slots__ = (
-        "_cost", "_log_fields", "attrs", "config", "decision", "empty", "kernel", "last_used", "launch",
-        "out_dtype", "out_shape", "schema", "synchronize", "workspace_bytes",
+        "_cost", "_log_fields", "allocate", "attrs", "config", "decision", "device", "empty", "kernel", "last_used",
+        "launch", "out_dtype", "out_shape", "schema", "synchronize", "workspace_bytes",
     )  # fmt: skip
 
     def __init__(
@@ -48,6 +49,8 @@ class Plan:
         self.out_shape = ctx.out_shape
         self.out_dtype = ctx.out_dtype
         self.empty = empty
+        self.device = ctx.device
+        self.allocate = functools.partial(empty, ctx.out_shape, ctx.out_dtype, ctx.device)  # a new output
         self.synchronize = synchronize  # None unless the policy asks for FULL_SYNC
         self.last_used = 0  # the plan cache's clock at the last hit, for LRU eviction
         self._log_fields: tuple | None = None
@@ -75,9 +78,6 @@ class Plan:
             out = TensorSpec(ctx.out_shape, ctx.out_dtype)
             self._cost = (sum(t.nbytes for t in ctx.tensors) + out.nbytes, int(self.schema.flops(ctx)))
         return self._cost
-
-    def allocate(self) -> Any:
-        return self.empty(self.out_shape, self.out_dtype, self.decision.ctx.device)
 
     def __repr__(self) -> str:
         return (

@@ -196,9 +196,20 @@ def _toml() -> Any:
     return tomllib
 
 
+class _ProcessPolicy:
+    """The process-wide policy: set_kernel_policy's, else the environment's, else the empty one.
+    `resolved` caches that answer, so the dispatch hot path reads it with one attribute access."""
+
+    __slots__ = ("explicit", "resolved")
+
+    def __init__(self) -> None:
+        self.explicit: KernelPolicy | None = None
+        self.resolved: KernelPolicy | None = None
+
+
 _EMPTY: KernelPolicy | None = None
 _scoped: contextvars.ContextVar[KernelPolicy | None] = contextvars.ContextVar("xpuruntime_policy", default=None)
-_global: KernelPolicy | None = None
+_process = _ProcessPolicy()
 _environment: KernelPolicy | XpuRuntimeError | None = None
 _environment_read = False
 
@@ -228,6 +239,7 @@ def environment_policy(reload: bool = False) -> KernelPolicy | None:
         except XpuRuntimeError as exc:
             _environment = exc
         _environment_read = True
+        _process.resolved = None
     if isinstance(_environment, XpuRuntimeError):
         raise _environment
     return _environment
@@ -240,20 +252,23 @@ def empty_policy() -> KernelPolicy:
     return _EMPTY
 
 
+def process_policy() -> KernelPolicy:
+    """The policy outside any scoped block: global, else environment, else empty."""
+    policy = _process.resolved
+    if policy is None:  # a malformed environment raises here at every use, and is never cached
+        policy = _process.resolved = _process.explicit or environment_policy() or empty_policy()
+    return policy
+
+
 def current_policy() -> KernelPolicy:
-    """The policy in force here: scoped, else global, else environment, else empty."""
-    policy = _scoped.get()
-    if policy is not None:
-        return policy
-    if _global is not None:
-        return _global
-    return environment_policy() or empty_policy()
+    """The policy in force here: scoped, else global, else environment, else empty (hot path)."""
+    return _scoped.get() or _process.resolved or process_policy()
 
 
 def set_kernel_policy(policy: KernelPolicy | str | Mapping | None = None, **prefs: Any) -> None:
     """Set the process-wide policy: `set_kernel_policy(matmul="cublasLt")`; no arguments clears it."""
-    global _global
-    _global = as_policy(policy, prefs)
+    _process.explicit = as_policy(policy, prefs)
+    _process.resolved = None
 
 
 def get_kernel_policy() -> KernelPolicy:
