@@ -32,6 +32,14 @@ def test_policy_fields_equality_and_repr():
         p.preferences["matmul"] = "gemv"  # read-only view
 
 
+def test_policy_round_trips_through_a_dict_and_json(tmp_path):
+    p = KernelPolicy(matmul="blocked", strict=True, math_mode="bf16", sync="event_record")
+    assert KernelPolicy.from_dict(p.to_dict()) == p
+    path = tmp_path / "saved.json"
+    path.write_text(json.dumps(p.to_dict()))
+    assert KernelPolicy.from_file(path) == p
+
+
 def test_bad_option_values_are_policy_errors():
     with pytest.raises(PolicyError, match="unknown math_mode 'fp8'"):
         KernelPolicy(math_mode="fp8")
