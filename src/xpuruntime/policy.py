@@ -210,6 +210,7 @@ class _ProcessPolicy:
 _EMPTY: KernelPolicy | None = None
 _scoped: contextvars.ContextVar[KernelPolicy | None] = contextvars.ContextVar("xpuruntime_policy", default=None)
 _process = _ProcessPolicy()
+_process_lock = threading.RLock()
 _environment: KernelPolicy | XpuRuntimeError | None = None
 _environment_read = False
 
@@ -254,10 +255,11 @@ def empty_policy() -> KernelPolicy:
 
 def process_policy() -> KernelPolicy:
     """The policy outside any scoped block: global, else environment, else empty."""
-    policy = _process.resolved
-    if policy is None:  # a malformed environment raises here at every use, and is never cached
-        policy = _process.resolved = _process.explicit or environment_policy() or empty_policy()
-    return policy
+    with _process_lock:  # serialized with set_kernel_policy, so a stale answer is never cached
+        policy = _process.resolved
+        if policy is None:  # a malformed environment raises here at every use, and is never cached
+            policy = _process.resolved = _process.explicit or environment_policy() or empty_policy()
+        return policy
 
 
 def current_policy() -> KernelPolicy:
@@ -267,8 +269,9 @@ def current_policy() -> KernelPolicy:
 
 def set_kernel_policy(policy: KernelPolicy | str | Mapping | None = None, **prefs: Any) -> None:
     """Set the process-wide policy: `set_kernel_policy(matmul="cublasLt")`; no arguments clears it."""
-    _process.explicit = as_policy(policy, prefs)
-    _process.resolved = None
+    new = as_policy(policy, prefs)
+    with _process_lock:
+        _process.explicit, _process.resolved = new, None
 
 
 def get_kernel_policy() -> KernelPolicy:
