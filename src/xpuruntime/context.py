@@ -52,10 +52,6 @@ class DispatchContext:
         return tuple(t for t in self.inputs if isinstance(t, TensorSpec))
 
     @property
-    def dtypes(self) -> tuple[str, ...]:
-        return tuple(t.dtype for t in self.tensors)
-
-    @property
     def dtype(self) -> str:
         """The dtype kernels are selected by: the first tensor argument's."""
         return self.tensors[0].dtype

@@ -26,7 +26,7 @@ class Plan:
 
     __slots__ = (
         "_cost", "_log_fields", "allocate", "attrs", "config", "decision", "device", "empty", "kernel", "last_used",
-        "launch", "out_dtype", "out_shape", "schema", "synchronize", "workspace_bytes",
+        "launch", "schema", "synchronize", "workspace_bytes",
     )  # fmt: skip
 
     def __init__(
@@ -46,8 +46,6 @@ class Plan:
         self.attrs = MappingProxyType(dict(ctx.attrs))  # shared by every launch: read-only
         self.config = config
         self.workspace_bytes = workspace_bytes
-        self.out_shape = ctx.out_shape
-        self.out_dtype = ctx.out_dtype
         self.empty = empty
         self.device = ctx.device
         self.allocate = functools.partial(empty, ctx.out_shape, ctx.out_dtype, ctx.device)  # a new output
