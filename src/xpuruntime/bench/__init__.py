@@ -1,0 +1,406 @@
+"""Benchmark runner: times our kernels beside their anchors in one process and reports ratios to targets.
+
+Each module in this package that exposes `ROWS` (a list of `Row`) contributes rows. A row's `setup`
+builds random inputs and returns a `Setup` with two callables, ours and the anchor (PyTorch, cuBLAS,
+a copy, ...), and the bytes / FLOPs one call moves / does. The runner times both with
+`triton.testing.do_bench` (median, after warm-up) on a GPU, or with a host-clock median elsewhere, and
+writes `results.json`, `results.md` and `ratios.png` into the output folder.
+
+    python -m xpuruntime.bench [--only SUBSTRING] [--out DIR] [--list]
+
+A target is either a ratio (ours over anchor, in throughput: > 1 means ours is faster) or an absolute
+rate in TB/s or TFLOP/s for ours.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import math
+import pkgutil
+import platform
+import statistics
+import time
+import traceback
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+TARGET_KINDS = ("ratio", "TB/s", "TFLOP/s")
+UNITS = ("TB/s", "TFLOP/s", "ms")
+
+
+@dataclass
+class Setup:
+    """What a row's setup returns: the two callables to time and the work one call does.
+
+    `anchor_bytes` / `anchor_flops` default to ours (same problem); set them when the anchor does a
+    different amount of work (a plain copy as the bandwidth anchor, say). `check` may return a message
+    when ours computes a wrong result; the runner reports it beside the timing.
+    """
+
+    ours: Callable[[], Any]
+    anchor: Callable[[], Any] | None = None
+    bytes: int = 0
+    flops: int = 0
+    anchor_bytes: int | None = None
+    anchor_flops: int | None = None
+    check: Callable[[], str | None] | None = None
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Row:
+    """One benchmark line: `setup()` builds inputs (lazily, when the row runs) and returns a `Setup`.
+
+    `target` is a ratio (ours over anchor throughput) when `target_kind` is "ratio", else an absolute
+    rate of ours in `target_kind` units. `units` is what the table reports for each side.
+    `requires` returns a reason string when the row cannot run here (no GPU, no nvmath), else None.
+    """
+
+    name: str
+    group: str
+    setup: Callable[[], Setup]
+    target: float | None = None
+    target_kind: str = "ratio"
+    units: str = "TB/s"
+    requires: Callable[[], str | None] | None = None
+    doc: str = ""
+
+    def __post_init__(self) -> None:
+        if self.target_kind not in TARGET_KINDS:
+            raise ValueError(f"Row {self.name}: target_kind must be one of {TARGET_KINDS}, got {self.target_kind!r}")
+        if self.units not in UNITS:
+            raise ValueError(f"Row {self.name}: units must be one of {UNITS}, got {self.units!r}")
+
+
+@dataclass
+class Result:
+    """The measured outcome of one row (what the JSON holds per row)."""
+
+    name: str
+    group: str
+    units: str
+    target: float | None
+    target_kind: str
+    ours_ms: float | None = None
+    anchor_ms: float | None = None
+    ours_value: float | None = None  # in `units`
+    anchor_value: float | None = None
+    ratio: float | None = None  # ours over anchor throughput (anchor time over ours for equal work)
+    met: bool | None = None
+    missed_by: float | None = None  # fraction of the target short, e.g. 0.12 = 12 % short
+    status: str = "ok"  # ok | skipped | error | wrong
+    message: str = ""
+
+
+Timer = Callable[[Callable[[], Any]], float]
+
+
+# -- discovery -----------------------------------------------------------------------------------
+def discover(package: str = __name__) -> tuple[list[Row], list[tuple[str, str]]]:
+    """Every `ROWS` of every module in `package`; returns (rows, [(module, why it failed to import)])."""
+    pkg = importlib.import_module(package)
+    rows: list[Row] = []
+    failures: list[tuple[str, str]] = []
+    for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda m: m.name):
+        if info.name.startswith("_"):
+            continue
+        name = f"{package}.{info.name}"
+        try:
+            module = importlib.import_module(name)
+        except Exception as exc:  # one area's broken module must not stop the others
+            failures.append((name, f"{type(exc).__name__}: {exc}"))
+            continue
+        rows.extend(getattr(module, "ROWS", ()))
+    return rows, failures
+
+
+def select(rows: Iterable[Row], only: Sequence[str] | None) -> list[Row]:
+    """Rows whose name or group contains any of the substrings in `only` (case-insensitive)."""
+    rows = list(rows)
+    if not only:
+        return rows
+    wanted = [s.lower() for s in only]
+    return [r for r in rows if any(w in r.name.lower() or w in r.group.lower() for w in wanted)]
+
+
+# -- timing --------------------------------------------------------------------------------------
+def gpu_timer(warmup_ms: int = 25, rep_ms: int = 100) -> Timer:
+    """Median milliseconds through `triton.testing.do_bench` (device events, L2 flushed between runs)."""
+    from triton.testing import do_bench
+
+    def timer(fn: Callable[[], Any]) -> float:
+        return float(do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
+
+    return timer
+
+
+def host_timer(warmup: int = 3, repeat: int = 11) -> Timer:
+    """Median milliseconds by the host clock (for CPU-only machines and tests)."""
+
+    def timer(fn: Callable[[], Any]) -> float:
+        for _ in range(warmup):
+            fn()
+        samples = []
+        for _ in range(repeat):
+            start = time.perf_counter()
+            fn()
+            samples.append((time.perf_counter() - start) * 1e3)
+        return statistics.median(samples)
+
+    return timer
+
+
+def default_timer() -> Timer:
+    """do_bench when a CUDA device and Triton are present, the host clock otherwise."""
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return gpu_timer()
+    except ImportError:
+        pass
+    return host_timer()
+
+
+# -- evaluation ----------------------------------------------------------------------------------
+def _rate(units: str, ms: float, nbytes: int, flops: int) -> float | None:
+    if units == "ms":
+        return ms
+    work = nbytes if units == "TB/s" else flops
+    if not work or ms <= 0:
+        return None
+    return work / (ms * 1e-3) / 1e12
+
+
+def evaluate(row: Row, setup: Setup, ours_ms: float, anchor_ms: float | None) -> Result:
+    """Turn two median times into a Result: rates, ratio and whether the target is met."""
+    result = Result(row.name, row.group, row.units, row.target, row.target_kind, ours_ms, anchor_ms)
+    result.ours_value = _rate(row.units, ours_ms, setup.bytes, setup.flops)
+    a_bytes = setup.bytes if setup.anchor_bytes is None else setup.anchor_bytes
+    a_flops = setup.flops if setup.anchor_flops is None else setup.anchor_flops
+    if anchor_ms is not None:
+        result.anchor_value = _rate(row.units, anchor_ms, a_bytes, a_flops)
+        result.ratio = _throughput_ratio(ours_ms, anchor_ms, (setup.bytes, setup.flops), (a_bytes, a_flops))
+    if row.target is None:
+        return result
+    if row.target_kind == "ratio":
+        achieved = result.ratio
+    else:
+        achieved = _rate(row.target_kind, ours_ms, setup.bytes, setup.flops)
+    if achieved is not None:
+        result.met = bool(achieved >= row.target)
+        result.missed_by = None if result.met else float((row.target - achieved) / row.target)
+    return result
+
+
+def _throughput_ratio(ours_ms: float, anchor_ms: float, ours_work: tuple, anchor_work: tuple) -> float:
+    """Ours over anchor throughput: time ratio scaled by the work each did (1 when the work is equal)."""
+    scale = 1.0
+    for mine, theirs in zip(ours_work, anchor_work):
+        if mine and theirs and mine != theirs:
+            scale = mine / theirs
+            break
+    return anchor_ms / ours_ms * scale if ours_ms > 0 else math.inf
+
+
+def run_row(row: Row, timer: Timer) -> Result:
+    """Set up, check, and time one row; never raises (errors become the row's status)."""
+    base = Result(row.name, row.group, row.units, row.target, row.target_kind)
+    reason = row.requires() if row.requires else None
+    if reason:
+        return dataclasses.replace(base, status="skipped", message=reason)
+    try:
+        setup = row.setup()
+        problem = setup.check() if setup.check else None
+        ours_ms = float(timer(setup.ours))
+        anchor_ms = float(timer(setup.anchor)) if setup.anchor is not None else None
+    except Exception as exc:
+        last = traceback.extract_tb(exc.__traceback__)[-1]
+        where = f" ({Path(last.filename).name}:{last.lineno})"
+        return dataclasses.replace(base, status="error", message=f"{type(exc).__name__}: {exc}{where}")
+    finally:
+        _release_memory()
+    result = evaluate(row, setup, ours_ms, anchor_ms)
+    if problem:
+        result.status, result.message = "wrong", problem
+    elif setup.note:
+        result.message = setup.note
+    return result
+
+
+def _release_memory() -> None:
+    """Give cached device memory back between rows so that one row's buffers never crowd the next."""
+    import gc
+    import sys
+
+    gc.collect()
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+
+
+def run(rows: Sequence[Row], timer: Timer | None = None, progress: bool = True) -> list[Result]:
+    """Run rows in order with a rich progress bar; returns one Result per row."""
+    timer = timer or default_timer()
+    results = []
+    if not progress:
+        return [run_row(row, timer) for row in rows]
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, transient=False) as bar:
+        task = bar.add_task("bench", total=len(rows))
+        for row in rows:
+            bar.update(task, description=f"{row.group}: {row.name}")
+            results.append(run_row(row, timer))
+            bar.advance(task)
+    return results
+
+
+# -- reports -------------------------------------------------------------------------------------
+def environment() -> dict[str, Any]:
+    """Versions and the device, recorded beside the numbers."""
+    env: dict[str, Any] = {"python": platform.python_version(), "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ",
+                                                                                          time.gmtime())}  # fmt: skip
+    for name in ("numpy", "torch", "triton", "nvmath"):
+        try:
+            env[name] = importlib.import_module(name).__version__
+        except Exception:
+            env[name] = None
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            env["device"] = torch.cuda.get_device_name()
+    except ImportError:
+        pass
+    env.setdefault("device", platform.processor() or platform.machine())
+    return env
+
+
+def _fmt(value: float | None, digits: int = 3) -> str:
+    return "—" if value is None else f"{value:.{digits}g}" if abs(value) < 1000 else f"{value:.0f}"
+
+
+def _target_text(r: Result) -> str:
+    if r.target is None:
+        return "—"
+    return f"≥ {r.target:g}×" if r.target_kind == "ratio" else f"≥ {r.target:g} {r.target_kind}"
+
+
+def _verdict(r: Result) -> str:
+    if r.status != "ok":
+        return f"{r.status}: {r.message}"
+    if r.met is None:
+        return "—" if r.target is None else "no rate (bytes/FLOPs missing)"
+    return "met" if r.met else f"missed by {r.missed_by * 100:.1f} %"
+
+
+def markdown(results: Sequence[Result], env: dict[str, Any]) -> str:
+    """A markdown table: ours, anchor (in the row's units), ratio, target, met or by how much missed."""
+    head = (f"Device: {env.get('device')}; torch {env.get('torch')}, triton {env.get('triton')}; "
+            f"{env.get('time_utc')}. Ratio = ours over anchor throughput (> 1: ours faster).\n\n")  # fmt: skip
+    lines = [
+        "| group | row | ours | anchor | units | ours ms | anchor ms | ratio | target | verdict |",
+        "|---|---|---:|---:|---|---:|---:|---:|---|---|",
+    ]
+    for r in results:
+        verdict = _verdict(r).replace("|", "\\|").replace("\n", " ")
+        lines.append(
+            f"| {r.group} | {r.name} | {_fmt(r.ours_value)} | {_fmt(r.anchor_value)} | {r.units} | "
+            f"{_fmt(r.ours_ms, 4)} | {_fmt(r.anchor_ms, 4)} | {_fmt(r.ratio)} | {_target_text(r)} | {verdict} |"
+        )
+    return head + "\n".join(lines) + "\n"
+
+
+def bar_chart(results: Sequence[Result], path: Path) -> bool:
+    """A PNG of each row's ratio (ours over anchor) with its ratio target marked; False if nothing to plot."""
+    plotted = [r for r in results if r.ratio is not None and math.isfinite(r.ratio)]
+    if not plotted:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.55 * len(plotted) + 2), 4.5))
+    colors = ["tab:green" if r.met else "tab:red" if r.met is False else "tab:gray" for r in plotted]
+    ax.bar(range(len(plotted)), [r.ratio for r in plotted], color=colors)
+    for i, r in enumerate(plotted):
+        if r.target is not None and r.target_kind == "ratio":
+            ax.hlines(r.target, i - 0.4, i + 0.4, colors="black", linestyles="dashed")
+    ax.axhline(1.0, color="gray", linewidth=0.8)
+    ax.set_xticks(range(len(plotted)), [r.name for r in plotted], rotation=60, ha="right", fontsize=8)
+    ax.set_ylabel("ours / anchor (throughput)")
+    ax.set_title("xpuruntime vs anchors (dashed: target; green met, red missed)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def write_reports(results: Sequence[Result], out_dir: Path, failures: Sequence[tuple[str, str]] = ()) -> dict:
+    """results.json, results.md and ratios.png in `out_dir`; returns the JSON document."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    env = environment()
+    doc = {
+        "environment": env,
+        "rows": [dataclasses.asdict(r) for r in results],
+        "module_failures": [{"module": m, "error": e} for m, e in failures],
+    }
+    (out_dir / "results.json").write_text(json.dumps(doc, indent=2, default=str))
+    text = markdown(results, env)
+    if failures:
+        text += "\nModules that failed to import:\n\n" + "".join(f"- `{m}`: {e}\n" for m, e in failures)
+    (out_dir / "results.md").write_text(text)
+    bar_chart(results, out_dir / "ratios.png")
+    return doc
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`xpuruntime bench`: run the selected rows and write the reports."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="xpuruntime bench", description="Ours beside the anchors, same process.")
+    parser.add_argument("--only", action="append", help="run rows whose name or group contains this (repeatable)")
+    parser.add_argument("--out", default="bench-results", help="folder for results.json / .md / ratios.png")
+    parser.add_argument("--list", action="store_true", help="list the rows and exit")
+    args = parser.parse_args(argv)
+    return run_cli(args.only, Path(args.out), args.list)
+
+
+def run_cli(only: Sequence[str] | None, out: Path, list_only: bool = False) -> int:
+    """The body of `main`, callable from the `xpuruntime` CLI."""
+    from rich.console import Console
+
+    console = Console()
+    rows, failures = discover()
+    for module, error in failures:
+        console.print(f"[yellow]bench module {module} failed to import: {error}[/]")
+    rows = select(rows, only)
+    if list_only:
+        for row in rows:
+            console.print(f"{row.group:<12} {row.name:<40} target {_target_text(Result(**_target_fields(row)))}")
+        return 0
+    if not rows:
+        console.print("[red]no benchmark rows selected[/]")
+        return 1
+    results = run(rows)
+    write_reports(results, out, failures)
+    console.print(markdown(results, environment()), markup=False, highlight=False)
+    console.print(f"wrote {out / 'results.json'}, {out / 'results.md'}, {out / 'ratios.png'}")
+    return 0 if all(r.status in ("ok", "skipped") for r in results) else 1
+
+
+def _target_fields(row: Row) -> dict:
+    return {"name": row.name, "group": row.group, "units": row.units, "target": row.target,
+            "target_kind": row.target_kind}  # fmt: skip
+
+
+__all__ = ["Result", "Row", "Setup", "default_timer", "discover", "evaluate", "gpu_timer", "host_timer", "main",
+           "markdown", "run", "run_row", "select", "write_reports"]  # fmt: skip

@@ -1,0 +1,152 @@
+"""The benchmark runner: discovery, filtering, ratios against targets, reports (JSON, markdown, PNG)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from xpuruntime import bench
+from xpuruntime.bench import Result, Row, Setup
+
+
+def fixed_timer(times: dict):
+    """A timer that answers a preset time per callable (so ratios are known exactly)."""
+    return lambda fn: times[fn]
+
+
+def make_setup(nbytes=0, flops=0, **extra):
+    def ours():
+        return None
+
+    def anchor():
+        return None
+
+    return Setup(ours, anchor, bytes=nbytes, flops=flops, **extra), ours, anchor
+
+
+def test_ratio_target_met_and_missed():
+    rng = np.random.default_rng()
+    ours_ms, anchor_ms = (float(t) for t in rng.uniform(0.5, 2.0, size=2))
+    setup, ours, anchor = make_setup(nbytes=int(rng.integers(10**6, 10**9)))
+    ratio = anchor_ms / ours_ms
+    row_met = Row("r", "g", lambda: setup, target=ratio * 0.99)
+    row_missed = Row("r", "g", lambda: setup, target=ratio * 1.25)
+    timer = fixed_timer({ours: ours_ms, anchor: anchor_ms})
+    met = bench.run_row(row_met, timer)
+    missed = bench.run_row(row_missed, timer)
+    assert met.status == "ok" and met.met is True and met.missed_by is None
+    assert met.ratio == pytest.approx(ratio)
+    assert missed.met is False and missed.missed_by == pytest.approx(1 - 1 / 1.25)
+    assert met.ours_value == pytest.approx(setup.bytes / (ours_ms * 1e-3) / 1e12)
+    assert met.anchor_value == pytest.approx(setup.bytes / (anchor_ms * 1e-3) / 1e12)
+
+
+def test_absolute_target_uses_our_rate_and_anchor_work_scales_the_ratio():
+    flops = 2 * 4096**3
+    setup, ours, anchor = make_setup(nbytes=3 * 10**8, flops=flops, anchor_bytes=6 * 10**8)
+    row = Row("gemv", "gemm", lambda: setup, target=2.0, target_kind="TB/s", units="TB/s")
+    result = bench.run_row(row, fixed_timer({ours: 0.1, anchor: 0.25}))
+    assert result.ours_value == pytest.approx(3.0)
+    assert result.anchor_value == pytest.approx(2.4)
+    assert result.ratio == pytest.approx(3.0 / 2.4)  # throughput ratio, not time ratio
+    assert result.met is True
+    tflops_row = Row("mm", "gemm", lambda: setup, target=1500, target_kind="TFLOP/s", units="TFLOP/s")
+    result = bench.run_row(tflops_row, fixed_timer({ours: 0.1, anchor: 0.1}))
+    assert result.ours_value == pytest.approx(flops / 1e-4 / 1e12)
+    assert result.met is False and result.missed_by == pytest.approx(1 - result.ours_value / 1500)
+
+
+def test_errors_skips_and_wrong_results_never_raise():
+    def broken():
+        raise RuntimeError("no kernel for this")
+
+    setup, ours, anchor = make_setup(nbytes=10, check=lambda: "max error 0.5 > 1e-3")
+    timer = fixed_timer({ours: 1.0, anchor: 1.0})
+    error = bench.run_row(Row("e", "g", broken), timer)
+    skipped = bench.run_row(Row("s", "g", broken, requires=lambda: "needs a GPU"), timer)
+    wrong = bench.run_row(Row("w", "g", lambda: setup, target=1.0), timer)
+    assert error.status == "error" and "no kernel for this" in error.message
+    assert skipped.status == "skipped" and skipped.message == "needs a GPU"
+    assert wrong.status == "wrong" and "max error" in wrong.message
+
+
+def test_row_rejects_unknown_target_kind_and_units():
+    with pytest.raises(ValueError, match="target_kind"):
+        Row("x", "g", lambda: None, target_kind="GB/s")
+    with pytest.raises(ValueError, match="units"):
+        Row("x", "g", lambda: None, units="furlongs")
+
+
+@pytest.fixture
+def row_package(tmp_path, monkeypatch):
+    """A throwaway package with two row modules, one broken module and one private module."""
+    pkg = tmp_path / "fakebench"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    body = """
+        import numpy as np
+        from xpuruntime.bench import Row, Setup
+
+        def _setup(n):
+            x = np.random.default_rng().standard_normal(n)
+            return lambda: Setup(lambda: np.sin(x), lambda: np.sin(x).copy(), bytes=2 * x.nbytes)
+
+        ROWS = [Row("{name} small", "{group}", _setup(1001), target=0.5),
+                Row("{name} large", "{group}", _setup(20001), target=0.5)]
+    """
+    (pkg / "norm.py").write_text(textwrap.dedent(body.format(name="layer_norm", group="norm")))
+    (pkg / "gemm.py").write_text(textwrap.dedent(body.format(name="matmul", group="gemm")))
+    (pkg / "broken.py").write_text("import not_a_module_anywhere\n")
+    (pkg / "_helpers.py").write_text("ROWS = 'not rows'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield "fakebench"
+    for name in [m for m in sys.modules if m.startswith("fakebench")]:
+        del sys.modules[name]
+
+
+def test_discovery_collects_rows_and_reports_broken_modules(row_package):
+    rows, failures = bench.discover(row_package)
+    assert sorted(r.name for r in rows) == ["layer_norm large", "layer_norm small", "matmul large", "matmul small"]
+    assert [m for m, _ in failures] == ["fakebench.broken"] and "ModuleNotFoundError" in failures[0][1]
+    assert [r.name for r in bench.select(rows, ["NORM"])] == ["layer_norm small", "layer_norm large"]
+    assert {r.name for r in bench.select(rows, ["large"])} == {"matmul large", "layer_norm large"}
+    assert len(bench.select(rows, None)) == 4 and bench.select(rows, ["nothing"]) == []
+
+
+def test_reports_json_markdown_and_png(row_package, tmp_path):
+    rows, failures = bench.discover(row_package)
+    results = bench.run(rows, timer=bench.host_timer(warmup=1, repeat=3), progress=True)
+    out = tmp_path / "out"
+    bench.write_reports(results, out, failures)
+    doc = json.loads((out / "results.json").read_text())
+    assert [r["name"] for r in doc["rows"]] == [r.name for r in rows]
+    assert all(r["status"] == "ok" and r["ours_ms"] > 0 and r["ratio"] > 0 for r in doc["rows"])
+    assert doc["module_failures"][0]["module"] == "fakebench.broken"
+    text = (out / "results.md").read_text()
+    for r in results:
+        assert f"| {r.group} | {r.name} |" in text
+        assert ("met" if r.met else "missed by") in text
+    png = (out / "ratios.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 1000
+
+
+def test_markdown_says_by_how_much_a_target_is_missed():
+    r = Result("ln", "norm", "TB/s", 1.3, "ratio", 1.0, 1.1, 2.0, 2.2, 1.1, False, (1.3 - 1.1) / 1.3)
+    line = bench.markdown([r], {})
+    assert "missed by 15.4 %" in line and "≥ 1.3×" in line
+
+
+def test_cli_only_filter_and_list(row_package, tmp_path, monkeypatch, capsys):
+    discover = bench.discover
+    monkeypatch.setattr(bench, "discover", lambda: discover(row_package))
+    monkeypatch.setattr(bench, "default_timer", lambda: bench.host_timer(warmup=1, repeat=3))
+    assert bench.main(["--only", "matmul", "--out", str(tmp_path / "o")]) == 0
+    doc = json.loads((tmp_path / "o" / "results.json").read_text())
+    assert {r["name"] for r in doc["rows"]} == {"matmul small", "matmul large"}
+    assert bench.main(["--list"]) == 0
+    assert "layer_norm small" in capsys.readouterr().out
+    assert bench.main(["--only", "nothing-matches", "--out", str(tmp_path / "p")]) == 1
