@@ -1,0 +1,248 @@
+"""On-disk tuning / JIT cache: remembers autotuning winners (tile sizes, warps, stages...) across processes.
+
+Usage, from a kernel's tuner:
+
+    from xpuruntime.runtime import tuning_cache
+    k = tuning_cache.key("matmul", dtypes="bfloat16", layout="nn", shape=(m, n, k), arch=(9, 0),
+                         source=matmul_kernel_source)
+    config = tuning_cache.get(k)           # dict or None
+    if config is None:
+        config = autotune(...)
+        tuning_cache.put(k, config)
+
+The folder is `~/.cache/xpuruntime/tuning`, or `$XPURUNTIME_CACHE_DIR/tuning`. Each key is its own small
+JSON file, written to a temporary file in the same folder and moved into place with `os.replace`, so a
+reader sees either the old entry or the new one, never half a file; a writer killed mid-write leaves
+only a stray temporary file that readers ignore. Two processes tuning the same key at once both write
+a complete entry and the last rename wins, which is fine for a cache: no lock is needed. A file that
+does not parse, or whose recorded key or format differs from the one asked for (stale), is ignored with
+one warning per file and process, and the next `put` replaces it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import importlib.metadata
+import inspect
+import json
+import math
+import os
+import tempfile
+import threading
+import warnings
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+ENV_CACHE_DIR = "XPURUNTIME_CACHE_DIR"
+FORMAT = 1
+LIBRARIES = ("xpuruntime", "torch", "triton", "nvmath-python")
+
+
+class TuningCacheWarning(UserWarning):
+    """A cache file was corrupt or stale and was ignored."""
+
+
+def cache_dir() -> Path:
+    """The root cache folder: $XPURUNTIME_CACHE_DIR, else ~/.cache/xpuruntime."""
+    override = os.environ.get(ENV_CACHE_DIR)
+    return Path(override).expanduser() if override else Path.home() / ".cache" / "xpuruntime"
+
+
+@functools.cache
+def library_version(name: str) -> str | None:
+    """An installed distribution's version, or None (cached: a process does not change its libraries)."""
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def shape_bucket(shape: Iterable[int]) -> tuple[int, ...]:
+    """Each dimension rounded up to a power of two, so nearby sizes share one tuning result."""
+    return tuple(0 if n <= 0 else 1 << math.ceil(math.log2(n)) for n in map(int, shape))
+
+
+def source_hash(source: str | Callable[..., Any] | Any) -> str:
+    """A short SHA-256 of a kernel's source text (a string, a function, or a Triton JITFunction)."""
+    if not isinstance(source, str):
+        text = getattr(source, "src", None)  # triton.JITFunction keeps its source here
+        source = text if isinstance(text, str) else inspect.getsource(getattr(source, "fn", source))
+    return hashlib.sha256(source.encode()).hexdigest()[:16]
+
+
+def key(
+    op: str,
+    *,
+    dtypes: str | Iterable[str],
+    layout: str = "",
+    shape: Iterable[int] = (),
+    arch: tuple[int, int] | str | None = None,
+    source: str | Callable[..., Any] | Any = "",
+    libraries: Iterable[str] = LIBRARIES,
+    bucket: bool = True,
+    **extra: Any,
+) -> str:
+    """The canonical cache key (a JSON string) for one tuning problem.
+
+    `shape` is bucketed to powers of two unless `bucket=False`; `arch` is a compute capability like
+    (9, 0) or "sm90"; `source` is the kernel (or its source text), hashed; the installed versions of
+    `libraries` are included so that an upgrade never reuses an old winner. `extra` adds any other
+    JSON-able field (math mode, epilogue...).
+    """
+    parts = {
+        "op": op,
+        "dtypes": [dtypes] if isinstance(dtypes, str) else list(dtypes),
+        "layout": layout,
+        "shape": list(shape_bucket(shape) if bucket else map(int, shape)),
+        "arch": f"sm{arch[0]}{arch[1]}" if isinstance(arch, tuple) else arch,
+        "source": source_hash(source) if source else "",
+        "versions": {name: library_version(name) for name in libraries},
+        **extra,
+    }
+    return canonical(parts)
+
+
+def canonical(parts: Mapping[str, Any] | str) -> str:
+    """A key as sorted, compact JSON (a string key is returned unchanged)."""
+    if isinstance(parts, str):
+        return parts
+    return json.dumps(parts, sort_keys=True, separators=(",", ":"), default=str)
+
+
+class TuningCache:
+    """Per-key JSON files under one folder, with an in-memory layer; see the module docstring."""
+
+    def __init__(self, directory: str | os.PathLike | None = None) -> None:
+        self.directory = Path(directory) if directory is not None else cache_dir() / "tuning"
+        self._memory: dict[str, dict] = {}
+        self._warned: set[str] = set()
+        self._lock = threading.Lock()
+
+    def path(self, key: str | Mapping[str, Any]) -> Path:
+        """The file holding `key`'s entry: <dir>/<op>/<sha256 of the key>.json."""
+        text = canonical(key)
+        op = _safe_name(json.loads(text).get("op", "misc")) if text.startswith("{") else "misc"
+        return self.directory / op / f"{hashlib.sha256(text.encode()).hexdigest()[:32]}.json"
+
+    def get(self, key: str | Mapping[str, Any]) -> dict | None:
+        """The stored value for `key`, or None when absent, corrupt or stale."""
+        text = canonical(key)
+        with self._lock:
+            if text in self._memory:
+                return dict(self._memory[text])
+        value = self._read(text)
+        if value is not None:
+            with self._lock:
+                self._memory[text] = value
+            return dict(value)
+        return None
+
+    def put(self, key: str | Mapping[str, Any], value: Mapping[str, Any]) -> None:
+        """Store `value` (a JSON-able mapping) for `key`, atomically."""
+        text = canonical(key)
+        try:
+            body = json.dumps({"format": FORMAT, "key": text, "value": dict(value)}, sort_keys=True)
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"tuning_cache.put: value must be a JSON-serializable mapping: {exc}") from None
+        path = self.path(text)
+        _atomic_write(path, body)
+        with self._lock:
+            self._memory[text] = json.loads(body)["value"]
+
+    def get_or_tune(self, key: str | Mapping[str, Any], tune: Callable[[], Mapping[str, Any]]) -> dict:
+        """The cached value, or `tune()`'s result stored and returned."""
+        value = self.get(key)
+        if value is None:
+            value = dict(tune())
+            self.put(key, value)
+        return value
+
+    def clear(self, memory_only: bool = False) -> None:
+        """Forget the in-memory layer, and unless `memory_only` also delete every entry on disk."""
+        with self._lock:
+            self._memory.clear()
+        if not memory_only and self.directory.exists():
+            for file in self.directory.glob("*/*.json"):
+                with contextlib.suppress(OSError):
+                    file.unlink()
+
+    def _read(self, text: str) -> dict | None:
+        path = self.path(text)
+        try:
+            raw = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            self._warn(path, f"cannot be read ({exc})")
+            return None
+        try:
+            entry = json.loads(raw.decode())
+            if not isinstance(entry, dict) or not isinstance(entry.get("value"), dict):
+                raise ValueError("no value object")
+        except ValueError as exc:
+            self._warn(path, f"is corrupt ({exc})")
+            return None
+        if entry.get("format") != FORMAT or entry.get("key") != text:
+            self._warn(path, "is stale (written for another format or key)")
+            return None
+        return entry["value"]
+
+    def _warn(self, path: Path, what: str) -> None:
+        with self._lock:
+            if str(path) in self._warned:
+                return
+            self._warned.add(str(path))
+        warnings.warn(f"tuning cache file {path} {what}; ignoring it", TuningCacheWarning, stacklevel=4)
+
+
+def _safe_name(op: Any) -> str:
+    text = "".join(c if c.isalnum() or c in "-_." else "_" for c in str(op))
+    return text.strip(".") or "misc"
+
+
+def _atomic_write(path: Path, body: str) -> None:
+    """Write to a temporary file beside `path`, flush it to disk, then rename it over `path`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(body)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+_default: TuningCache | None = None
+_default_lock = threading.Lock()
+
+
+def default_cache() -> TuningCache:
+    """The process-wide cache; follows $XPURUNTIME_CACHE_DIR if it changes."""
+    global _default
+    directory = cache_dir() / "tuning"
+    with _default_lock:
+        if _default is None or _default.directory != directory:
+            _default = TuningCache(directory)
+        return _default
+
+
+def get(key: str | Mapping[str, Any]) -> dict | None:
+    """The stored tuning result for `key` (from `key(...)`), or None."""
+    return default_cache().get(key)
+
+
+def put(key: str | Mapping[str, Any], value: Mapping[str, Any]) -> None:
+    """Store a tuning result for `key` atomically."""
+    default_cache().put(key, value)
+
+
+def get_or_tune(key: str | Mapping[str, Any], tune: Callable[[], Mapping[str, Any]]) -> dict:
+    """The cached value for `key`, or `tune()`'s result, stored."""
+    return default_cache().get_or_tune(key, tune)
