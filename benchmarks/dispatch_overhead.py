@@ -59,7 +59,7 @@ def launch_only(op: str, *inputs: object) -> Callable[[], object]:
     plan = xrt.default_dispatcher().plan(op, *inputs)
 
     def call() -> object:
-        out = plan.allocate()
+        out = plan.allocate(None)
         plan.launch(ArgPack(inputs, out, plan.attrs, plan.config, None))
         return out
 

@@ -15,7 +15,7 @@ from xpuruntime.schema import OpSchema
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    from xpuruntime.device import devices
+    from xpuruntime.runtime.device import devices
 
     if any(d.kind == "cuda" for d in devices()):
         return
@@ -54,7 +54,7 @@ def make_toy_registry(*kernels_spec: dict) -> Registry:
             reference=lambda x: np.asarray(x, np.float64),
         )
     )
-    registry.register_backend(Backend("cpu", "cpu", empty=lambda shape, dtype, device: np.empty(shape, dtype)))
+    registry.register_backend(Backend("cpu", "cpu", empty=lambda shape, dtype, device, stream: np.empty(shape, dtype)))
     for index, spec in enumerate(kernels_spec):
         hints = dict(spec)
         name = hints.pop("name")

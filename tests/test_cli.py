@@ -11,8 +11,7 @@ import numpy as np
 import pytest
 
 import xpuruntime as xrt
-from xpuruntime import demo
-from xpuruntime.cli import main, parse_literal, parse_shape
+from xpuruntime.cli import demo, main, parse_literal, parse_shape
 from xpuruntime.log import dispatch_logging_enabled
 from xpuruntime.registry import Backend, KernelSpec, default_registry
 
@@ -40,7 +39,9 @@ def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, s
 def fake_gpu_backend(monkeypatch: pytest.MonkeyPatch) -> None:
     """An unavailable backend with one matmul kernel, and a backend module that failed to import."""
     registry = default_registry()
-    backend = Backend("fakegpu", "cuda", empty=lambda shape, dtype, device: None, probe=lambda: "no CUDA driver here")
+    backend = Backend(
+        "fakegpu", "cuda", empty=lambda shape, dtype, device, stream: None, probe=lambda: "no CUDA driver here"
+    )
     spec = KernelSpec("matmul", "fake_tiled", "fakegpu", launch=lambda args: None, tensor_cores=True, doc="Fake.")
     monkeypatch.setitem(registry.backends, "fakegpu", backend)
     monkeypatch.setitem(registry.kernels["matmul"], "fake_tiled", spec)

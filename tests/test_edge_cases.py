@@ -59,15 +59,21 @@ def test_a_kernel_registered_during_selection_is_not_hidden_by_a_stale_plan():
 
 
 def test_loading_a_backend_that_looks_at_the_registry_does_not_deadlock(tmp_path, monkeypatch):
-    (tmp_path / "selfish_backend.py").write_text(
+    (tmp_path / "selfish_backend").mkdir()
+    (tmp_path / "selfish_backend" / "__init__.py").write_text(
         "import numpy as np\n"
         "from xpuruntime.registry import Backend, default_registry\n"
         "assert 'matmul' in default_registry().ops  # re-entrant: sees the registry loaded so far\n"
-        "BACKEND = Backend('selfish', 'cpu', empty=lambda s, d, dev: np.empty(s, d))\n"
-        "KERNELS = ()\n"
+        "BACKEND = Backend('selfish', 'cpu', empty=lambda s, d, dev, stream: np.empty(s, d))\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(registry, "BUILTIN_BACKENDS", (*registry.BUILTIN_BACKENDS, "selfish_backend"))
+    load_builtins = registry.Registry.load_builtins
+
+    def load_builtins_and_selfish(self):
+        load_builtins(self)
+        self.load_backend("selfish_backend")
+
+    monkeypatch.setattr(registry.Registry, "load_builtins", load_builtins_and_selfish)
     monkeypatch.setattr(registry, "_default", None)
     monkeypatch.setattr(registry, "_default_ready", False)
     loaded = []
@@ -106,7 +112,9 @@ def test_numpy_values_work_where_python_values_do():
     np.testing.assert_array_equal(xrt.ops.sum(X, axis=np.array([0])), xrt.ops.sum(X, axis=0))
     np.testing.assert_array_equal(xrt.ops.sum(X, axis=[0, 1]), xrt.ops.sum(X, axis=(0, 1)))
     np.testing.assert_allclose(xrt.ops.layer_norm(X, [4]), xrt.ops.layer_norm(X, (4,)))
-    np.testing.assert_array_equal(xrt.ops.sin_affine(X, np.float64(2.0), np.float32(1.0)), xrt.ops.sin_affine(X, 2.0, 1.0))
+    np.testing.assert_array_equal(
+        xrt.ops.sin_affine(X, np.float64(2.0), np.float32(1.0)), xrt.ops.sin_affine(X, 2.0, 1.0)
+    )
     matrix = np.asmatrix(X)
     np.testing.assert_array_equal(xrt.ops.sum(matrix, axis=0), X.sum(axis=0, dtype=np.float64).astype(np.float32))
 
@@ -155,7 +163,9 @@ def test_environment_policy_names_are_checked_when_their_op_runs(monkeypatch):
     monkeypatch.setenv(policy.ENV_POLICY, "matmul=blockd")
     a = np.ones((2, 2), np.float32)
     xrt.ops.sum(a)  # other ops are unaffected by a matmul preference
-    with pytest.raises(UnknownKernelError, match=r"\$XPURUNTIME_POLICY: unknown kernel 'blockd' for op 'matmul'. Did you"):
+    with pytest.raises(
+        UnknownKernelError, match=r"\$XPURUNTIME_POLICY: unknown kernel 'blockd' for op 'matmul'. Did you"
+    ):
         xrt.ops.matmul(a, a)
     spec = xrt.register_kernel("matmul", "blockd", backend="cpu")(lambda args: np.matmul(*args.inputs, out=args.out))
     try:  # a kernel registered after the environment was read is found
@@ -227,7 +237,9 @@ def test_explain_and_plan_take_the_ops_input_defaults_and_reject_extra_inputs():
 
 
 def test_unknown_kernel_hints_are_caught_at_the_decorator():
-    with pytest.raises(xrt.RegistrationError, match=r"unknown hint 'prio' for kernel 'matmul/x'. Did you mean 'priority'"):
+    with pytest.raises(
+        xrt.RegistrationError, match=r"unknown hint 'prio' for kernel 'matmul/x'. Did you mean 'priority'"
+    ):
         xrt.register_kernel("matmul", "x", backend="cpu", prio=3)
 
 

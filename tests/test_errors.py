@@ -131,7 +131,9 @@ def test_bad_out_argument(out, error, message):
 
 
 def test_device_mismatch_is_named():
-    with pytest.raises(DeviceMismatchError, match="matmul: argument 'b' expected device cpu \\(like 'a'\\), got cuda:0"):
+    with pytest.raises(
+        DeviceMismatchError, match="matmul: argument 'b' expected device cpu \\(like 'a'\\), got cuda:0"
+    ):
         xrt.explain("matmul", TensorSpec((2, 2)), TensorSpec((2, 2), device="cuda:0"), show=False)
 
 

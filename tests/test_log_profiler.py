@@ -100,7 +100,10 @@ def test_profiler_records_ops_kernels_ranges_and_exports_chrome_trace(tmp_path):
     assert matmul.record.selected_kernel == "numpy_blas" and matmul.dispatch_us >= matmul.record.elapsed_us > 0
     assert [r.name for r in prof.ranges] == ["forward", "loss"]
     forward = prof.ranges[0]
-    assert forward.start_us <= matmul.start_us and matmul.start_us + matmul.dispatch_us <= forward.start_us + forward.dur_us
+    assert (
+        forward.start_us <= matmul.start_us
+        and matmul.start_us + matmul.dispatch_us <= forward.start_us + forward.dur_us
+    )
 
     path = prof.export_chrome_trace(tmp_path / "trace.json")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["trace.json"]  # written atomically, no temp left

@@ -9,13 +9,13 @@ import pytest
 from conftest import make_toy_registry
 
 import xpuruntime as xrt
-from xpuruntime import device
 from xpuruntime.abi import ArgPack, LaunchConfig, MathMode, SyncPolicy, TensorSpec, layout_class
 from xpuruntime.dispatch import Dispatcher
 from xpuruntime.errors import PolicyError
 from xpuruntime.policy import KernelPolicy
 from xpuruntime.registry import Backend, kernel
-from xpuruntime.workspace import WorkspaceManager
+from xpuruntime.runtime import device
+from xpuruntime.runtime.workspace import WorkspaceManager
 
 
 def test_tensor_spec_strides_layout_and_size():
@@ -30,7 +30,7 @@ def test_tensor_spec_strides_layout_and_size():
 def test_argpack_gives_the_packed_abi_view():
     a = np.arange(24, dtype=np.float32).reshape(4, 6)[:, 1::2]
     out = np.empty((4, 3), np.float32)
-    pack = ArgPack((a, 2.0, None), out, {}, LaunchConfig(stream="s0"), np.empty(64, np.uint8))
+    pack = ArgPack((a, 2.0, None), out, {}, LaunchConfig(), np.empty(64, np.uint8), stream="s0")
     ta, scalar, absent, tout = pack.tensors()
     assert (ta.shape, ta.strides, ta.dtype, ta.device) == ((4, 3), (6, 2), "float32", "cpu")
     assert ta.ptr == a.__array_interface__["data"][0] and ta.layout == "strided"
@@ -51,13 +51,17 @@ def test_enums_parse_names_case_insensitively():
 def test_math_mode_reaches_the_context():
     a = TensorSpec((2, 2), "float16")
     assert xrt.explain("matmul", a, a, show=False).ctx.math_mode is MathMode.FP16
-    assert xrt.explain("matmul", a, a, policy=KernelPolicy(math_mode="mixed"), show=False).ctx.math_mode is MathMode.MIXED
+    assert (
+        xrt.explain("matmul", a, a, policy=KernelPolicy(math_mode="mixed"), show=False).ctx.math_mode is MathMode.MIXED
+    )
 
 
 def test_full_sync_policy_synchronizes_after_each_launch():
     registry = make_toy_registry({"name": "k"})
     synced = []
-    registry.backends["cpu"] = Backend("cpu", "cpu", empty=lambda s, d, dev: np.empty(s, d), synchronize=synced.append)
+    registry.backends["cpu"] = Backend(
+        "cpu", "cpu", empty=lambda s, d, dev, stream: np.empty(s, d), synchronize=lambda dev, stream: synced.append(dev)
+    )
     dispatcher = Dispatcher(registry)
     dispatcher.run("toy", (np.ones(2),))
     assert synced == []
@@ -69,7 +73,7 @@ def test_full_sync_policy_synchronizes_after_each_launch():
 
 def test_workspace_is_lent_per_thread_and_reused():
     manager = WorkspaceManager()
-    empty = lambda shape, dtype, dev: np.empty(shape, dtype)  # noqa: E731
+    empty = lambda shape, dtype, dev, stream: np.empty(shape, dtype)  # noqa: E731
     first = manager.lend(100, "cpu", empty)
     again = manager.lend(60, "cpu", empty)
     assert first.nbytes == 100 and again.nbytes == 60 and np.shares_memory(first, again)
@@ -89,7 +93,9 @@ def test_kernel_receives_the_workspace_it_asked_for():
         np.copyto(args.out, args.inputs[0])
 
     registry = make_toy_registry()
-    registry.register_kernel(kernel("toy", "scratchy", backend="cpu", workspace_bytes=lambda ctx: 8 * ctx.tensor("x").numel)(launch))
+    registry.register_kernel(
+        kernel("toy", "scratchy", backend="cpu", workspace_bytes=lambda ctx: 8 * ctx.tensor("x").numel)(launch)
+    )
     Dispatcher(registry).run("toy", (np.ones((3, 5)),))
     assert seen == [120]
 

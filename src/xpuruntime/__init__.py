@@ -29,6 +29,7 @@ _EXPORTS = {
     "default_dispatcher": "xpuruntime.dispatch",
     "explain": "xpuruntime.dispatch",
     "plan_cache": "xpuruntime.dispatch",
+    "last_event": "xpuruntime.dispatch",
     # logging and profiling
     "enable_dispatch_logging": "xpuruntime.log",
     "disable_dispatch_logging": "xpuruntime.log",
@@ -53,8 +54,8 @@ _EXPORTS = {
     "MathMode": "xpuruntime.abi",
     "SyncPolicy": "xpuruntime.abi",
     # devices
-    "devices": "xpuruntime.device",
-    "DeviceInfo": "xpuruntime.device",
+    "devices": "xpuruntime.runtime.device",
+    "DeviceInfo": "xpuruntime.runtime.device",
 }
 _ERRORS = (
     "XpuRuntimeError", "ArgumentError", "ShapeError", "DTypeError", "LayoutError", "DeviceMismatchError",
@@ -84,8 +85,7 @@ if TYPE_CHECKING:
     from . import ops
     from .abi import ArgPack, LaunchConfig, MathMode, SyncPolicy, TensorSpec
     from .context import DispatchContext
-    from .device import DeviceInfo, devices
-    from .dispatch import Dispatcher, default_dispatcher, explain, plan_cache
+    from .dispatch import Dispatcher, default_dispatcher, explain, last_event, plan_cache
     from .errors import *
     from .log import (
         DispatchRecord,
@@ -97,4 +97,5 @@ if TYPE_CHECKING:
     from .policy import KernelPolicy, clear_kernel_policy, get_kernel_policy, kernel_policy, set_kernel_policy
     from .profiling import profiler, record_range
     from .registry import Backend, KernelSpec, Registry, default_registry, kernel, register_kernel
+    from .runtime.device import DeviceInfo, devices
     from .schema import OpSchema

@@ -1,4 +1,4 @@
-"""The kernel ABI: what a kernel receives and how it is launched (seed 004, part 6).
+"""The kernel ABI: what a kernel receives and how it is launched.
 
 Contract:
 - A kernel's launch function takes one `ArgPack` and returns nothing. It writes its result into
@@ -67,7 +67,7 @@ def _parse_enum(cls: type[enum.Enum], value: Any, what: str) -> Any:
 
 @dataclass(frozen=True, slots=True)
 class LaunchConfig:
-    """Launch geometry: grid and block (CUDA sense), dynamic shared memory, stream, tile parameters.
+    """Launch geometry: grid and block (CUDA sense), dynamic shared memory, tile parameters.
 
     CPU kernels use `grid` for the number of independent tiles and `params` for tile sizes.
     """
@@ -75,7 +75,6 @@ class LaunchConfig:
     grid: tuple[int, ...] = (1,)
     block: tuple[int, ...] = (1,)
     smem_bytes: int = 0
-    stream: Any = None
     params: dict[str, Any] = field(default_factory=dict)
 
     def describe(self) -> str:
@@ -86,6 +85,9 @@ class LaunchConfig:
             text += " " + " ".join(f"{k}={v}" for k, v in self.params.items())
         return text
 
+
+FLOAT_DTYPES = frozenset({"float16", "bfloat16", "float32", "float64"})
+INT_DTYPES = frozenset({"int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"})
 
 _ITEMSIZE = {
     "bool": 1, "int8": 1, "uint8": 1, "int16": 2, "uint16": 2, "int32": 4, "uint32": 4,
@@ -159,20 +161,20 @@ def layout_class(shape: tuple[int, ...], strides: tuple[int, ...]) -> str:
 
 
 class ArgPack:
-    """Everything one launch receives: arrays, output, normalized attributes, config, workspace."""
+    """Everything one launch receives: arrays, output, normalized attributes, config, workspace, and the
+    stream to launch on (the caller's current stream; None on the CPU)."""
 
-    __slots__ = ("attrs", "config", "inputs", "out", "workspace")
+    __slots__ = ("attrs", "config", "inputs", "out", "stream", "workspace")
 
-    def __init__(self, inputs: tuple, out: Any, attrs: dict, config: LaunchConfig, workspace: Any) -> None:
+    def __init__(
+        self, inputs: tuple, out: Any, attrs: Any, config: LaunchConfig, workspace: Any = None, stream: Any = None
+    ) -> None:
         self.inputs = inputs
         self.out = out
         self.attrs = attrs
         self.config = config
         self.workspace = workspace
-
-    @property
-    def stream(self) -> Any:
-        return self.config.stream
+        self.stream = stream
 
     @property
     def workspace_bytes(self) -> int:

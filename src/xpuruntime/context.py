@@ -115,7 +115,7 @@ def check_arity(schema: OpSchema, inputs: tuple, attrs: tuple) -> None:
 
 def build_context(schema: OpSchema, inputs: tuple, attrs: tuple, out: Any, policy: KernelPolicy) -> DispatchContext:
     """Validate a call against its schema and describe it; raises errors naming the bad argument."""
-    from .device import compute_capability
+    from .runtime.device import compute_capability
 
     check_arity(schema, inputs, attrs)
     specs = tuple(_describe_input(schema, n, v) for n, v in zip(schema.inputs, inputs))

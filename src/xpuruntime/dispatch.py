@@ -7,75 +7,39 @@ a miss, because the key fixes everything they depend on.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import threading
 import time
 import warnings
 from collections.abc import Hashable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-from numpy import ndarray
-
-from .abi import ArgPack, SyncPolicy, TensorSpec
-from .arrays import NotAnArray, as_array, is_torch_tensor, signature
-from .context import build_context, check_arity
-from .errors import ArgumentError, KernelFallbackWarning, LaunchError, XpuRuntimeError
-from .explanation import Explanation
+from .abi import ArgPack, SyncPolicy
+from .arguments import attr_values, fill_inputs, normalize_call, plan_key
+from .arrays import NotAnArray
+from .context import build_context
+from .errors import KernelFallbackWarning, LaunchError, PolicyError
 from .log import OBSERVERS, DispatchEvent, DispatchRecord
 from .plan import Plan, PlanCache
-from .policy import KernelPolicy, as_policy, current_policy
-from .registry import Registry, default_registry
-from .schema import OpSchema
+from .policy import KernelPolicy, current_policy
+from .registry import Backend, Registry, default_registry, no_stream
+from .runtime.workspace import WorkspaceManager
 from .selector import Decision, Scorer, Selector, default_scorer
-from .workspace import WorkspaceManager
+
+if TYPE_CHECKING:
+    from .explanation import Explanation
 
 _MAX_WARNED = 10_000
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+_events = threading.local()
 
 
-def _freeze(value: Any) -> Any:
-    """Attribute values as plain, hashable Python: lists, tuples and arrays become tuples, NumPy scalars
-    Python numbers, so that equal calls share one plan-cache key."""
-    if isinstance(value, list | tuple):
-        return tuple(_freeze(v) for v in value)
-    if isinstance(value, np.ndarray):
-        return _freeze(value.tolist())
-    if isinstance(value, np.generic):
-        return value.item()
-    return value
-
-
-def _attr_types(attrs: tuple) -> tuple:
-    """Attribute types for the plan-cache key, element types too inside tuples: True == 1 == 1.0 as
-    dict keys, yet only one of them may be a valid value, and a cache hit skips validation."""
-    return tuple((tuple, *_attr_types(a)) if type(a) is tuple else type(a) for a in attrs)
-
-
-def _fill_inputs(schema: OpSchema, inputs: tuple) -> tuple:
-    """Trailing inputs left out take the schema's default (sin_affine's a=1.0) or None if optional."""
-    if len(inputs) > len(schema.inputs):
-        raise ArgumentError(
-            f"{schema.name}: expected at most {len(schema.inputs)} inputs {schema.inputs}, got {len(inputs)}"
-        )
-    filled = list(inputs)
-    for name in schema.inputs[len(inputs) :]:
-        if name not in schema.defaults and name not in schema.optional:
-            raise ArgumentError(f"{schema.name}: argument '{name}' is required")
-        filled.append(schema.defaults.get(name))
-    return tuple(filled)
-
-
-def _attr_values(schema: OpSchema, attrs: Mapping[str, Any]) -> tuple:
-    """Keyword attributes -> the positional tuple `run` takes, with the schema's defaults filled in."""
-    unknown = set(attrs) - set(schema.attrs)
-    if unknown:
-        raise ArgumentError(f"{schema.name}: unknown attribute(s) {sorted(unknown)}; the op takes {list(schema.attrs)}")
-    missing = [name for name in schema.attrs if name not in attrs and name not in schema.defaults]
-    if missing:
-        raise ArgumentError(f"{schema.name}: attribute(s) {missing} have no default; pass them")
-    return tuple(attrs.get(name, schema.defaults.get(name)) for name in schema.attrs)
+def last_event() -> Any:
+    """The event recorded after this thread's last launch under SyncPolicy.EVENT_RECORD (None before
+    any): `xrt.last_event().synchronize()` waits for that kernel."""
+    return getattr(_events, "last", None)
 
 
 def _stacklevel_outside_package() -> int:
@@ -104,60 +68,38 @@ class Dispatcher:
         """Run `op` on `inputs` and `attrs` (positional, in the schema's order); returns the output."""
         start = time.perf_counter_ns() if OBSERVERS else 0
         policy = current_policy()
-        result = out
         try:
-            sigs = [(x.dtype, x.shape, x.strides) if type(x) is ndarray else signature(x) for x in inputs]
-            types = tuple(map(type, attrs)) if attrs else ()
-            if tuple in types:
-                types = _attr_types(attrs)
-            key = (op, policy.fingerprint, attrs, types, *sigs, None if out is None else signature(out))
+            key = plan_key(op, policy.fingerprint, attrs, inputs, out)
             plan = self.plans.get(key)
         except (NotAnArray, TypeError):
-            inputs, attrs, out, key = self._normalize_call(op, inputs, attrs, out, policy)
+            inputs, attrs, out = normalize_call(self.registry.op(op), inputs, attrs, out)
+            key = plan_key(op, policy.fingerprint, attrs, inputs, out)
             plan = self.plans.get(key)
         hit = plan is not None
         if plan is None:
             plan = self._plan_miss(op, inputs, attrs, out, policy, key)
+        stream = None if plan.current_stream is None else plan.current_stream(plan.device)
         if out is None:
-            out = result = plan.allocate()
+            out = plan.allocate(stream)
         else:
             plan.schema.check_layout(inputs, out)
         launch_start = time.perf_counter_ns() if start else 0
         workspace = (
-            self.workspaces.lend(plan.workspace_bytes, plan.device, plan.empty) if plan.workspace_bytes else None
+            self.workspaces.lend(plan.workspace_bytes, plan.device, plan.empty, stream)
+            if plan.workspace_bytes
+            else None
         )
         try:
-            plan.launch(ArgPack(inputs, out, plan.attrs, plan.config, workspace))
-            if plan.synchronize is not None:
-                plan.synchronize(plan.device)
+            plan.launch(ArgPack(inputs, out, plan.attrs, plan.config, workspace, stream))
+            if plan.finish is not None:
+                plan.finish(stream)
         except Exception as exc:
             raise _launch_error(plan, exc) from exc
         if start:
             _notify_observers(plan, hit, start, launch_start)
-        return result
+        return out
 
     # -- misses ------------------------------------------------------------------------------
-    def _normalize_call(
-        self, op: str, inputs: tuple, attrs: tuple, out: Any, policy: KernelPolicy
-    ) -> tuple[tuple, tuple, Any, Hashable]:
-        """Slow path: convert array-likes, NumPy scalars, array subclasses and unhashable attributes,
-        naming the argument that cannot be converted."""
-        schema = self.registry.op(op)
-        check_arity(schema, inputs, attrs)
-        inputs = tuple(_coerce_input(schema, name, x) for name, x in zip(schema.inputs, inputs))
-        out = _coerce_out(op, out)
-        attrs = _freeze(attrs)
-        for name, value in zip(schema.attrs, attrs):
-            try:
-                hash(value)
-            except TypeError:
-                raise ArgumentError(
-                    f"{op}: argument '{name}' expected a number, bool, None or tuple, got {type(value).__name__}"
-                ) from None
-        out_key = None if out is None else signature(out)
-        key = (op, policy.fingerprint, attrs, _attr_types(attrs), *map(signature, inputs), out_key)
-        return inputs, attrs, out, key
-
     def _plan_miss(self, op: str, inputs: tuple, attrs: tuple, out: Any, policy: KernelPolicy, key: Hashable) -> Plan:
         generation = self.registry.generation
         decision = self.decide(op, inputs, attrs, out, policy)
@@ -182,7 +124,8 @@ class Dispatcher:
             kernel.launch_config(ctx),
             int(kernel.workspace_bytes(ctx)),
             backend.empty,
-            backend.synchronize if policy.sync is SyncPolicy.FULL_SYNC else None,
+            None if backend.current_stream is no_stream else backend.current_stream,
+            _finisher(backend, ctx.op, ctx.device, policy.sync),
         )
 
     def _warn_fallback(self, decision: Decision, key: Hashable) -> None:
@@ -204,29 +147,35 @@ class Dispatcher:
     def plan(self, op: str, *inputs: Any, out: Any = None, **attrs: Any) -> Plan:
         """The (cached) plan a call would use, without running it; attributes by keyword, defaults filled."""
         schema = self.registry.op(op)
-        inputs = _fill_inputs(schema, inputs)
         policy = current_policy()
-        inputs, attr_values, out, key = self._normalize_call(op, inputs, _attr_values(schema, attrs), out, policy)
-        return self.plans.get(key) or self._plan_miss(op, inputs, attr_values, out, policy, key)
+        inputs, attrs_, out = normalize_call(schema, fill_inputs(schema, inputs), attr_values(schema, attrs), out)
+        key = plan_key(op, policy.fingerprint, attrs_, inputs, out)
+        return self.plans.get(key) or self._plan_miss(op, inputs, attrs_, out, policy, key)
 
     def explain(
         self, op: str, *inputs: Any, policy: KernelPolicy | str | Mapping | None = None, out: Any = None,
         **attrs: Any,
     ) -> Explanation:  # fmt: skip
         """Every candidate for this call with its verdict, reasons and score; arrays or TensorSpecs."""
-        schema = self.registry.op(op)
-        inputs = tuple(
-            _coerce_input(schema, n, x, specs=True) for n, x in zip(schema.inputs, _fill_inputs(schema, inputs))
-        )
-        attr_values = _freeze(_attr_values(schema, attrs))
-        policy = as_policy(policy) or current_policy()
-        ctx = build_context(schema, inputs, attr_values, out, policy)
-        try:
-            decision, error = self.selector.select(ctx, policy), None
-            candidates = list(decision.candidates)
-        except XpuRuntimeError as exc:  # the explanation shows why nothing could be chosen
-            decision, error, candidates = None, exc, self.selector.evaluate(ctx)
-        return Explanation(ctx, policy, candidates, decision, error)
+        from .explanation import explain_call
+
+        return explain_call(self, op, inputs, policy, out, attrs)
+
+
+def _finisher(backend: Backend, op: str, device: str, sync: SyncPolicy) -> Any:
+    """What runs after each launch for the policy's SyncPolicy: nothing, an event, or a full sync."""
+    if sync is SyncPolicy.FULL_SYNC:
+        return functools.partial(backend.synchronize, device)
+    if sync is SyncPolicy.EVENT_RECORD:
+        record = backend.record_event
+        if record is None:
+            raise PolicyError(f"{op}: sync='event_record' is not supported by backend '{backend.name}' yet")
+
+        def record_last(stream: Any) -> None:
+            _events.last = record(device, stream)
+
+        return record_last
+    return None
 
 
 def _launch_error(plan: Plan, exc: Exception) -> LaunchError:
@@ -244,31 +193,6 @@ def _notify_observers(plan: Plan, hit: bool, start: int, launch_start: int) -> N
     event = DispatchEvent(plan, record, start, launch_start, end, threading.get_native_id())
     for observer in list(OBSERVERS):
         observer.on_dispatch(event)
-
-
-def _coerce_input(schema: OpSchema, name: str, x: Any, specs: bool = False) -> Any:
-    """One input as the dispatcher takes it; NumPy scalars count as Python numbers where the op takes those."""
-    if isinstance(x, np.generic) and name in schema.scalars:
-        return x.item()
-    if isinstance(x, np.ma.MaskedArray):
-        raise ArgumentError(f"{schema.name}: argument '{name}' is a masked array; pass x.filled(value) instead")
-    if isinstance(x, TensorSpec) and not specs:
-        raise ArgumentError(f"{schema.name}: argument '{name}' expected an array, got a TensorSpec (for explain)")
-    try:
-        return as_array(x)
-    except (ValueError, TypeError) as exc:
-        raise ArgumentError(
-            f"{schema.name}: argument '{name}' expected an array, got {type(x).__name__}: {exc}"
-        ) from None
-
-
-def _coerce_out(op: str, out: Any) -> Any:
-    """`out` must already be an array (it is written in place); ndarray subclasses are viewed as ndarrays."""
-    if out is None or type(out) is ndarray or is_torch_tensor(out):
-        return out
-    if isinstance(out, ndarray):
-        return np.asarray(out)
-    raise ArgumentError(f"{op}: argument 'out' expected an array, got {type(out).__name__}")
 
 
 _default: Dispatcher | None = None

@@ -2,16 +2,39 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from .arguments import attr_values, coerce_input, fill_inputs, freeze
+from .context import build_context
+from .errors import XpuRuntimeError
+from .policy import KernelPolicy, as_policy, current_policy
 
 if TYPE_CHECKING:
     from rich.console import Console
     from rich.table import Table
 
     from .context import DispatchContext
-    from .policy import KernelPolicy
+    from .dispatch import Dispatcher
     from .selector import Candidate, Decision
+
+
+def explain_call(
+    dispatcher: Dispatcher, op: str, inputs: tuple, policy: KernelPolicy | str | Mapping | None, out: Any,
+    attrs: Mapping[str, Any],
+) -> Explanation:  # fmt: skip
+    """Evaluate every candidate for a call (arrays or TensorSpecs) without running or caching anything."""
+    schema = dispatcher.registry.op(op)
+    inputs = tuple(coerce_input(schema, n, x, specs=True) for n, x in zip(schema.inputs, fill_inputs(schema, inputs)))
+    policy = as_policy(policy) or current_policy()
+    ctx = build_context(schema, inputs, freeze(attr_values(schema, attrs)), out, policy)
+    try:
+        decision, error = dispatcher.selector.select(ctx, policy), None
+        candidates = list(decision.candidates)
+    except XpuRuntimeError as exc:  # the explanation shows why nothing could be chosen
+        decision, error, candidates = None, exc, dispatcher.selector.evaluate(ctx)
+    return Explanation(ctx, policy, candidates, decision, error)
 
 
 @dataclass(frozen=True)

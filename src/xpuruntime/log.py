@@ -1,4 +1,4 @@
-"""Dispatch logging (seed 000): every dispatched op with its kernel, the reason, shapes and time.
+"""Dispatch logging: every dispatched op with its kernel, the reason, shapes and time.
 
 Observers (this log, profilers) are kept in `OBSERVERS`; the dispatcher takes its slow, timed path
 only while that list is non-empty, so logging costs nothing when it is off.

@@ -1,4 +1,4 @@
-"""Plans and the plan cache: a decision is made once per call signature and reused (seeds 003, 004).
+"""Plans and the plan cache: a decision is made once per call signature and reused.
 
 A signature is (op, policy fingerprint, attributes, per argument: dtype, shape, strides, device).
 Everything a plan holds is a pure function of that key, so a hit can skip validation, selection,
@@ -25,8 +25,8 @@ class Plan:
     """What to run for one call signature: kernel, normalized attributes, launch config, output spec."""
 
     __slots__ = (
-        "_cost", "_log_fields", "allocate", "attrs", "config", "decision", "device", "empty", "kernel", "last_used",
-        "launch", "schema", "synchronize", "workspace_bytes",
+        "_cost", "_log_fields", "allocate", "attrs", "config", "current_stream", "decision", "device", "empty",
+        "finish", "kernel", "last_used", "launch", "schema", "workspace_bytes",
     )  # fmt: skip
 
     def __init__(
@@ -35,8 +35,9 @@ class Plan:
         schema: OpSchema,
         config: LaunchConfig,
         workspace_bytes: int,
-        empty: Callable[[tuple[int, ...], str, str], Any],
-        synchronize: Callable[[str], None] | None,
+        empty: Callable[..., Any],
+        current_stream: Callable[[str], Any] | None,
+        finish: Callable[[Any], None] | None,
     ) -> None:
         ctx = decision.ctx
         self.decision = decision
@@ -48,8 +49,9 @@ class Plan:
         self.workspace_bytes = workspace_bytes
         self.empty = empty
         self.device = ctx.device
-        self.allocate = functools.partial(empty, ctx.out_shape, ctx.out_dtype, ctx.device)  # a new output
-        self.synchronize = synchronize  # None unless the policy asks for FULL_SYNC
+        self.allocate = functools.partial(empty, ctx.out_shape, ctx.out_dtype, ctx.device)  # (stream) -> output
+        self.current_stream = current_stream  # None where launches need no stream (the CPU)
+        self.finish = finish  # (stream) -> None after each launch: the policy's sync, or None for NO_SYNC
         self.last_used = 0  # the plan cache's clock at the last hit, for LRU eviction
         self._log_fields: tuple | None = None
         self._cost: tuple[int, int] | None = None

@@ -1,4 +1,4 @@
-"""KernelPolicy: the user's say in which kernel runs (seeds 000-002).
+"""KernelPolicy: the user's say in which kernel runs.
 
 Precedence, highest first: a scoped `kernel_policy(...)` block (per thread and per asyncio task, via
 contextvars), the global `set_kernel_policy(...)`, the environment (`XPURUNTIME_POLICY`,

@@ -1,4 +1,4 @@
-"""The kernel registry: a list of kernels and the conditions under which each can run (seed 003).
+"""The kernel registry: a list of kernels and the conditions under which each can run.
 
 The registry makes no decisions. It stores op schemas, backends and kernel declarations, and answers
 "why can this kernel not run this call?" with reason strings (empty list = supported), in the manner
@@ -11,6 +11,7 @@ import dataclasses
 import functools
 import importlib
 import inspect
+import pkgutil
 import threading
 import weakref
 from collections.abc import Callable, Iterable
@@ -30,7 +31,18 @@ if TYPE_CHECKING:
 Condition = Callable[["DispatchContext"], "str | Iterable[str] | None"]
 LaunchFn = Callable[[ArgPack], None]
 
-BUILTIN_BACKENDS = ("xpuruntime.backends.cpu",)
+BACKENDS_PACKAGE = "xpuruntime.backends"  # each subpackage is a backend: BACKEND in __init__, kernels in modules
+OPS_PACKAGE = "xpuruntime.ops"  # each module's OpSchema objects are ops
+
+EmptyFn = Callable[[tuple[int, ...], str, str, Any], Any]  # (shape, dtype, device, stream) -> array
+
+
+def no_stream(device: str) -> None:
+    return None
+
+
+def _nothing_to_wait_for(device: str, stream: Any) -> None:
+    return None
 
 
 @dataclass(frozen=True)
@@ -38,14 +50,21 @@ class Backend:
     """A family of kernels sharing a device type and a dependency (NumPy, Triton, nvmath, ...).
 
     `probe` returns why the backend cannot run here (None when it can); it runs once, lazily.
-    `empty(shape, dtype, device)` allocates outputs; `synchronize(device)` backs SyncPolicy.FULL_SYNC.
+    `empty(shape, dtype, device, stream)` allocates outputs and workspaces for use on `stream`;
+    `current_stream(device)` is the stream a launch uses (the caller's current one; None on the CPU);
+    `synchronize(device, stream)` backs SyncPolicy.FULL_SYNC and `record_event(device, stream)`
+    SyncPolicy.EVENT_RECORD (None: the backend cannot record events, so that policy is rejected).
+    An `explicit_only` backend's kernels are candidates only where the policy names them.
     """
 
     name: str
     device_type: str
-    empty: Callable[[tuple[int, ...], str, str], Any]
+    empty: EmptyFn
     probe: Callable[[], str | None] = lambda: None
-    synchronize: Callable[[str], None] = lambda device: None
+    current_stream: Callable[[str], Any] = no_stream
+    synchronize: Callable[[str, Any], None] = _nothing_to_wait_for
+    record_event: Callable[[str, Any], Any] | None = None
+    explicit_only: bool = False
     doc: str = ""
 
     @functools.cached_property
@@ -222,31 +241,65 @@ class Registry:
         except KeyError:
             raise unknown_name(UnknownKernelError, "kernel", name, table, where=f" for op '{op}'") from None
 
-    def not_supported_reasons(self, spec: KernelSpec, ctx: DispatchContext) -> list[str]:
-        """Backend availability and device type first, then the kernel's own conditions."""
+    def not_supported_reasons(self, spec: KernelSpec, ctx: DispatchContext, preferred: str | None = None) -> list[str]:
+        """Backend availability and device type first, then the kernel's own conditions. An explicit-only
+        backend's kernel is a candidate only when it is the `preferred` one."""
         backend = self.backends[spec.backend]
         if backend.unavailable_reason:
             return [f"backend '{backend.name}' unavailable: {backend.unavailable_reason}"]
+        if backend.explicit_only and spec.name != preferred:
+            return [f"backend '{backend.name}' runs a kernel only where the policy names it ({backend.doc})"]
         device_type = ctx.device.split(":")[0]
         if device_type != backend.device_type:
             return [f"runs on {backend.device_type}, arguments are on {ctx.device}"]
         return spec.not_supported_reasons(ctx)
 
     def load_builtins(self) -> None:
-        """Register the built-in ops and every built-in backend whose module imports."""
-        from .ops import SCHEMAS
-
-        for schema in SCHEMAS:
+        """Register every op module's schemas, then every backend package whose dependencies import."""
+        for schema in _declared(_submodules(importlib.import_module(OPS_PACKAGE)), _op_schema_type()):
             self.register_op(schema)
-        for module_name in BUILTIN_BACKENDS:
-            try:
-                module = importlib.import_module(module_name)
-            except ImportError as exc:
-                self.missing_backends[module_name] = str(exc)
-                continue
-            self.register_backend(module.BACKEND)
-            for spec in module.KERNELS:
-                self.register_kernel(spec)
+        for info in sorted(pkgutil.iter_modules(importlib.import_module(BACKENDS_PACKAGE).__path__)):
+            if info.ispkg:
+                self.load_backend(f"{BACKENDS_PACKAGE}.{info.name}")
+
+    def load_backend(self, package_name: str) -> None:
+        """Register a backend package: BACKEND from its __init__, every KernelSpec in its modules.
+        A package whose dependency is missing (ImportError) is recorded with the reason instead."""
+        try:
+            package = importlib.import_module(package_name)
+            modules = _submodules(package)
+        except ImportError as exc:
+            self.missing_backends[package_name] = str(exc)
+            return
+        backend = getattr(package, "BACKEND", None)
+        if not isinstance(backend, Backend):
+            raise RegistrationError(f"backend package {package_name} defines no BACKEND = Backend(...)")
+        self.register_backend(backend)
+        for spec in _declared(modules, KernelSpec):
+            self.register_kernel(spec)
+
+
+def _submodules(package: Any) -> list[Any]:
+    """The package's modules (not subpackages), imported, in name order."""
+    names = sorted(info.name for info in pkgutil.iter_modules(package.__path__) if not info.ispkg)
+    return [importlib.import_module(f"{package.__name__}.{name}") for name in names]
+
+
+def _declared(modules: list[Any], kind: type) -> list[Any]:
+    """Module-level objects of `kind`, in module and definition order, each once (also when imported
+    into a second module)."""
+    found: dict[int, Any] = {}
+    for module in modules:
+        for value in vars(module).values():
+            if isinstance(value, kind):
+                found.setdefault(id(value), value)
+    return list(found.values())
+
+
+def _op_schema_type() -> type:
+    from .schema import OpSchema
+
+    return OpSchema
 
 
 _default: Registry | None = None

@@ -1,4 +1,4 @@
-"""Op schema: what an op means, independent of any kernel (seed 004: InferShape, InferDType, CheckLayout).
+"""Op schema: what an op means, independent of any kernel (InferShape, InferDType, CheckLayout).
 
 A schema names the op's array arguments and attributes, validates a call (raising errors that name
 the argument), infers the output's shape and dtype, states the aliasing rule and carries a float64

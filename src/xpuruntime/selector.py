@@ -1,6 +1,6 @@
 """The selector: from the registry's candidates, drop those that cannot run, score the rest, pick one.
 
-Rules (DESIGN §1.2-1.3): a policy's preferred kernel that supports the call wins ("policy"); one that
+Rules: a policy's preferred kernel that supports the call wins ("policy"); one that
 does not falls back to automatic choice ("fallback"), or raises in strict mode; with no preference the
 best-scoring supported kernel wins ("auto"). Ties go to the alphabetically first kernel name, so the
 choice never depends on import or registration order.
@@ -23,7 +23,7 @@ TENSOR_CORE_BONUS = 30
 
 
 def default_scorer(kernel: KernelSpec, ctx: DispatchContext) -> float:
-    """Seed 003: base priority, +50 if fused, +30 if it uses tensor cores on sm80 or newer."""
+    """Base priority, +50 if fused, +30 if it uses tensor cores on sm80 or newer."""
     score = float(kernel.priority)
     if kernel.fused:
         score += FUSED_BONUS
@@ -71,19 +71,19 @@ class Selector:
         self.registry = registry
         self.scorer = scorer
 
-    def evaluate(self, ctx: DispatchContext) -> list[Candidate]:
+    def evaluate(self, ctx: DispatchContext, preferred: str | None = None) -> list[Candidate]:
         """Every kernel of the op with its reasons and score, best first (ties by name)."""
         candidates = []
         for kernel in self.registry.kernels_for(ctx.op):
-            reasons = tuple(self.registry.not_supported_reasons(kernel, ctx))
+            reasons = tuple(self.registry.not_supported_reasons(kernel, ctx, preferred))
             score = None if reasons else self.scorer(kernel, ctx)
             candidates.append(Candidate(kernel, reasons, score))
         candidates.sort(key=lambda c: (c.score is None, -(c.score or 0.0), c.kernel.name))
         return candidates
 
     def select(self, ctx: DispatchContext, policy: KernelPolicy) -> Decision:
-        candidates = self.evaluate(ctx)
         preferred = policy.preferences.get(ctx.op)
+        candidates = self.evaluate(ctx, preferred)
         best = candidates[0] if candidates and candidates[0].supported else None
         if preferred is not None:
             try:  # an unknown name (e.g. from the environment, read before user kernels exist): error + suggestion

@@ -23,8 +23,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from . import __version__
-from .errors import ArgumentError, XpuRuntimeError
+from .. import __version__
+from ..errors import ArgumentError, XpuRuntimeError
 
 OPTIONAL_PACKAGES = (
     "torch", "triton", "nvmath-python", "cuda-core", "cuda-python", "cuda-bindings", "onnx", "onnxruntime",
@@ -76,7 +76,7 @@ def parse_attr(text: str) -> tuple[str, Any]:
 
 def tensor_specs(shapes: Sequence[str], dtypes: Sequence[str]) -> list[Any]:
     """One TensorSpec per --shape, with one --dtype for all or one per shape."""
-    from .abi import TensorSpec
+    from ..abi import TensorSpec
 
     if len(dtypes) > 1 and len(dtypes) != len(shapes):
         raise ArgumentError(
@@ -126,8 +126,8 @@ def cmd_info(args: argparse.Namespace, console: Console) -> int:
     """Versions, backends (and why any is missing), devices and the CUDA probe report."""
     import numpy
 
-    from .device import devices, probe_report
-    from .registry import default_registry
+    from ..registry import default_registry
+    from ..runtime.device import devices, probe_report
 
     versions = _table("Versions", ("package", "version"))
     versions.add_row("xpuruntime", __version__)
@@ -161,7 +161,7 @@ def cmd_info(args: argparse.Namespace, console: Console) -> int:
 
 def cmd_kernels(args: argparse.Namespace, console: Console) -> int:
     """The registry: every kernel of one op (or all ops) with its hints and availability."""
-    from .registry import default_registry
+    from ..registry import default_registry
 
     registry = default_registry()
     ops = [args.op] if args.op else sorted(registry.ops)
@@ -182,7 +182,7 @@ def cmd_kernels(args: argparse.Namespace, console: Console) -> int:
 
 def cmd_explain(args: argparse.Namespace, console: Console) -> int:
     """Every candidate kernel for a call described by shapes and dtypes; exit 1 if none would run."""
-    from .dispatch import explain
+    from ..dispatch import explain
 
     specs = tensor_specs(args.shape, args.dtype or ["float32"])
     attrs = dict(parse_attr(text) for text in args.attr)

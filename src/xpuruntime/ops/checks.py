@@ -7,12 +7,14 @@ import operator
 from collections.abc import Sequence
 from typing import Any
 
+from ..abi import FLOAT_DTYPES, INT_DTYPES
 from ..context import DispatchContext
 from ..errors import ArgumentError, DTypeError, ShapeError, argument_error
 
-FLOAT_DTYPES = frozenset({"float16", "bfloat16", "float32", "float64"})
-INT_DTYPES = frozenset({"int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"})
-CPU_FLOAT_DTYPES = frozenset({"float16", "float32", "float64"})  # NumPy has no native bfloat16
+__all__ = [
+    "FLOAT_DTYPES", "INT_DTYPES", "broadcast", "normalize_axis", "numel", "require_dtype_like", "require_float",
+    "require_ndim",
+]  # fmt: skip
 
 
 def require_float(ctx: DispatchContext, name: str) -> str:

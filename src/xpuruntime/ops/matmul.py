@@ -7,11 +7,12 @@ from typing import Any
 
 import numpy as np
 
+from ..abi import FLOAT_DTYPES, INT_DTYPES
 from ..context import DispatchContext
 from ..dispatch import run
 from ..errors import DTypeError, ShapeError, argument_error
 from ..schema import OpSchema
-from .checks import FLOAT_DTYPES, INT_DTYPES, broadcast, require_dtype_like, require_ndim
+from .checks import broadcast, require_dtype_like, require_ndim
 
 
 def _normalize_attrs(ctx: DispatchContext) -> dict[str, Any]:

@@ -6,11 +6,12 @@ from typing import Any
 
 import numpy as np
 
+from ..abi import FLOAT_DTYPES, INT_DTYPES
 from ..context import DispatchContext
 from ..dispatch import run
 from ..errors import ArgumentError, DTypeError, argument_error
 from ..schema import OpSchema
-from .checks import FLOAT_DTYPES, INT_DTYPES, normalize_axis, numel
+from .checks import normalize_axis, numel
 
 
 def _normalize_attrs(ctx: DispatchContext) -> dict[str, Any]:

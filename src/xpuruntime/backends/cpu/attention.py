@@ -15,9 +15,8 @@ import numpy as np
 
 from ...abi import ArgPack, LaunchConfig
 from ...context import DispatchContext
-from ...ops.checks import CPU_FLOAT_DTYPES
 from ...registry import kernel
-from .common import as_compute, compute_dtype
+from .common import CPU_FLOAT_DTYPES, as_compute, compute_dtype
 
 MATH_MAX_SCORES = 1 << 26  # elements of the full score matrix (256 MiB in fp32)
 
@@ -113,6 +112,3 @@ def attention_chunked(args: ArgPack) -> None:
             running_max = new_max
         with np.errstate(invalid="ignore", divide="ignore"):  # 0/0 for rows that saw no key: NaN, as math
             np.copyto(args.out[..., rows, :], acc / running_sum, casting="same_kind")
-
-
-KERNELS = (attention_math, attention_chunked)

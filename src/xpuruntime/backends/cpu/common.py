@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...abi import INT_DTYPES
+
+CPU_FLOAT_DTYPES = frozenset({"float16", "float32", "float64"})  # NumPy has no native bfloat16
+__all__ = ["CPU_FLOAT_DTYPES", "INT_DTYPES", "as_compute", "compute_dtype"]
+
 
 def compute_dtype(dtype: np.dtype) -> np.dtype:
     """Accumulation dtype: fp16 computes in fp32 (mixed precision), everything else in itself."""

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from ...abi import ArgPack
-from ...ops.checks import CPU_FLOAT_DTYPES
 from ...registry import kernel
+from .common import CPU_FLOAT_DTYPES
 
 
 @kernel("sin_affine", "numpy", backend="cpu", dtypes=CPU_FLOAT_DTYPES, priority=10)
@@ -24,6 +24,3 @@ def sin_affine_numpy(args: ArgPack) -> None:
     np.sin(y, out=y)
     if y is not out:
         np.copyto(out, y, casting="same_kind")
-
-
-KERNELS = (sin_affine_numpy,)

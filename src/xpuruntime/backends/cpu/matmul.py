@@ -9,9 +9,8 @@ import numpy as np
 
 from ...abi import ArgPack, LaunchConfig
 from ...context import DispatchContext
-from ...ops.checks import CPU_FLOAT_DTYPES, INT_DTYPES
 from ...registry import kernel
-from .common import as_compute, compute_dtype
+from .common import CPU_FLOAT_DTYPES, INT_DTYPES, as_compute, compute_dtype
 
 
 def _write(out: np.ndarray, result: np.ndarray) -> None:
@@ -91,6 +90,3 @@ def matmul_blocked(args: ArgPack) -> None:
                     b_tile = b_mat[p0 : p0 + bk, j : j + bn].astype(acc_dtype, copy=False)
                     acc += a_tile @ b_tile
                 o_mat[i : i + bm, j : j + bn] = acc
-
-
-KERNELS = (matmul_blas, matmul_gemv, matmul_blocked)

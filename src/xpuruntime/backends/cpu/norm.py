@@ -5,9 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from ...abi import ArgPack
-from ...ops.checks import CPU_FLOAT_DTYPES
 from ...registry import kernel
-from .common import as_compute
+from .common import CPU_FLOAT_DTYPES, as_compute
 
 
 def _axes(x: np.ndarray, normalized_shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -41,6 +40,3 @@ def rms_norm_numpy(args: ArgPack) -> None:
     xf = as_compute(x)
     mean_square = np.mean(np.square(xf), axis=_axes(x, args.attrs["normalized_shape"]), keepdims=True)
     _affine_into(args.out, xf * (1.0 / np.sqrt(mean_square + args.attrs["eps"])), weight, None)
-
-
-KERNELS = (layer_norm_numpy, rms_norm_numpy)

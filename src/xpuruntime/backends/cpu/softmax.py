@@ -5,9 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from ...abi import ArgPack
-from ...ops.checks import CPU_FLOAT_DTYPES
 from ...registry import kernel
-from .common import compute_dtype
+from .common import CPU_FLOAT_DTYPES, compute_dtype
 
 
 @kernel("softmax", "numpy", backend="cpu", dtypes=CPU_FLOAT_DTYPES, priority=10)
@@ -24,6 +23,3 @@ def softmax_numpy(args: ArgPack) -> None:
         np.divide(work, np.sum(work, axis=axis, keepdims=True), out=work)
     if work is not out:
         np.copyto(out, work, casting="same_kind")
-
-
-KERNELS = (softmax_numpy,)
