@@ -1,0 +1,48 @@
+"""Streams and events: CPU answers at once; on CUDA events order and time real work."""
+
+from __future__ import annotations
+
+import pytest
+
+from xpuruntime.runtime import streams
+
+
+def test_cpu_has_no_stream_and_completed_events():
+    assert streams.current_stream("cpu") is None
+    event = streams.record_event("cpu")
+    assert event is streams.COMPLETED and event.query() is True
+    event.synchronize()
+    event.wait()
+    streams.synchronize("cpu")
+
+
+@pytest.mark.parametrize("device,index", [("cuda", 0), ("cuda:0", 0), ("cuda:3", 3)])
+def test_device_index(device, index):
+    assert streams.device_index(device) == index
+
+
+@pytest.mark.gpu
+def test_events_follow_work_on_a_side_stream():
+    torch = pytest.importorskip("torch")
+    side = streams.new_stream("cuda:0")
+    assert isinstance(side.handle, int) and side.handle != streams.current_stream("cuda:0").cuda_stream
+    x = torch.randn(4096, 4096, device="cuda")
+    with side:
+        assert torch.cuda.current_stream().cuda_stream == side.handle
+        torch.cuda._sleep(100_000_000)
+        y = x @ x
+        done = streams.record_event("cuda:0", side, timing=True)
+    assert done.query() is False, "event reported done while the side stream sleeps"
+    done.wait()  # the current stream now waits for the side stream
+    z = y.sum()
+    done.synchronize()
+    assert done.query() is True
+    torch.testing.assert_close(z, (x.double() @ x.double()).sum().float(), rtol=1e-2, atol=1e-1)
+    start = side.record_event(timing=True)
+    with side:
+        torch.cuda._sleep(1_000_000)
+    end = side.record_event(timing=True)
+    end.synchronize()
+    assert start.elapsed_ms(end) > 0
+    streams.synchronize("cuda:0", side)
+    streams.synchronize("cuda:0")
