@@ -5,7 +5,11 @@ from .attention import attention
 from .elementwise import sin_affine
 from .matmul import matmul
 from .norm import layer_norm, rms_norm
+from .norm_backward import layer_norm_backward, rms_norm_backward
 from .reduction import sum
 from .softmax import softmax
 
-__all__ = ["attention", "layer_norm", "matmul", "rms_norm", "sin_affine", "softmax", "sum"]
+__all__ = [
+    "attention", "layer_norm", "layer_norm_backward", "matmul", "rms_norm", "rms_norm_backward", "sin_affine",
+    "softmax", "sum",
+]  # fmt: skip

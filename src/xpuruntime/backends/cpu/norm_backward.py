@@ -1,0 +1,48 @@
+"""CPU kernels for layer_norm_backward and rms_norm_backward (fp32 math for fp16, packed output)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ...abi import ArgPack
+from ...registry import kernel
+from .common import CPU_FLOAT_DTYPES, as_compute
+
+
+def _rows(args: ArgPack) -> tuple[np.ndarray, np.ndarray, np.ndarray | float, int]:
+    dy, x, weight = args.inputs
+    n = math.prod(args.attrs["normalized_shape"])
+    w = 1.0 if weight is None else as_compute(weight).reshape(n)
+    return as_compute(dy).reshape(-1, n), as_compute(x).reshape(-1, n), w, n
+
+
+def _store(out: np.ndarray, dx: np.ndarray, *grads: np.ndarray) -> None:
+    m = dx.shape[0]
+    np.copyto(out[:m], dx, casting="same_kind")
+    for i, g in enumerate(grads):
+        np.copyto(out[m + i], g, casting="same_kind")
+
+
+@kernel("layer_norm_backward", "numpy", backend="cpu", dtypes=CPU_FLOAT_DTYPES, priority=10)
+def layer_norm_backward_numpy(args: ArgPack) -> None:
+    """dx = (w*dy - xhat*mean(xhat*w*dy) - mean(w*dy)) * rstd; dweight = sum(dy*xhat); dbias = sum(dy)."""
+    dy, x, w, _ = _rows(args)
+    centered = x - x.mean(axis=1, keepdims=True)
+    rstd = 1.0 / np.sqrt(np.square(centered).mean(axis=1, keepdims=True) + args.attrs["eps"])
+    xhat = centered * rstd
+    wdy = dy * w
+    dx = (wdy - xhat * (xhat * wdy).mean(axis=1, keepdims=True) - wdy.mean(axis=1, keepdims=True)) * rstd
+    _store(args.out, dx, (dy * xhat).sum(axis=0), dy.sum(axis=0))
+
+
+@kernel("rms_norm_backward", "numpy", backend="cpu", dtypes=CPU_FLOAT_DTYPES, priority=10)
+def rms_norm_backward_numpy(args: ArgPack) -> None:
+    """dx = (w*dy - xhat*mean(xhat*w*dy)) * rstd; dweight = sum(dy*xhat)."""
+    dy, x, w, _ = _rows(args)
+    rstd = 1.0 / np.sqrt(np.square(x).mean(axis=1, keepdims=True) + args.attrs["eps"])
+    xhat = x * rstd
+    wdy = dy * w
+    dx = (wdy - xhat * (xhat * wdy).mean(axis=1, keepdims=True)) * rstd
+    _store(args.out, dx, (dy * xhat).sum(axis=0))

@@ -1,0 +1,108 @@
+"""Helpers shared by the Triton kernels: dtypes, array conversion, layout collapsing, device facts."""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from ...context import DispatchContext
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"  # kernels run on CPU tensors through Triton's interpreter
+
+# Triton computes in fp32 for these (fp16/bf16 load, fp32 math, round once on store).
+FLOAT_DTYPES = frozenset({"float16", "bfloat16", "float32"})
+
+TORCH_DTYPES = {
+    "float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64,
+    "int8": torch.int8, "uint8": torch.uint8, "int16": torch.int16, "int32": torch.int32, "int64": torch.int64,
+    "bool": torch.bool,
+}  # fmt: skip
+
+MAX_GRID_Y = 65535  # CUDA's limit on grid dimensions 1 and 2
+
+
+def as_torch(x: Any) -> Any:
+    """A torch view of an array (NumPy arrays under the interpreter, zero-copy); scalars and None pass."""
+    if x is None or isinstance(x, torch.Tensor | float | int | bool):
+        return x
+    return torch.from_numpy(x)
+
+
+def no_negative_strides(ctx: DispatchContext) -> str | None:
+    """torch.from_numpy cannot view a reversed NumPy array (negative strides)."""
+    specs = [*ctx.tensors, *([ctx.out] if ctx.out is not None else [])]
+    for spec in specs:
+        if any(s < 0 for s in spec.strides):
+            return "an argument has negative strides (a reversed view); pass a copy"
+    return None
+
+
+def collapse(shape: Sequence[int], *strides: Sequence[int]) -> tuple[tuple[int, ...], list[tuple[int, ...]]]:
+    """Drop size-1 dims and merge neighbours that are contiguous with each other in every operand.
+
+    Returns (shape, [strides per operand]) with at least one dim (a scalar becomes shape (1,)).
+    """
+    dims: list[tuple[int, list[int]]] = []
+    for i, n in enumerate(shape):
+        if n == 1:
+            continue
+        now = [s[i] for s in strides]
+        if dims:
+            prev_n, prev = dims[-1]
+            if all(p == s * n for p, s in zip(prev, now)):
+                dims[-1] = (prev_n * n, now)
+                continue
+        dims.append((n, now))
+    if not dims:
+        return (1,), [(0,) for _ in strides]
+    return tuple(n for n, _ in dims), [tuple(d[1][k] for d in dims) for k in range(len(strides))]
+
+
+def broadcast_strides(shape: Sequence[int], target: Sequence[int], strides: Sequence[int]) -> tuple[int, ...]:
+    """Strides of `shape` broadcast to `target` (0 along broadcast dims)."""
+    pad = len(target) - len(shape)
+    return tuple(0 if i < pad or shape[i - pad] == 1 else strides[i - pad] for i in range(len(target)))
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, math.ceil(math.log2(max(n, 1))))
+
+
+def out_strides(ctx: DispatchContext) -> tuple[int, ...]:
+    """Strides of the output: the caller's `out=` if given, else row-major (what `empty` allocates)."""
+    if ctx.out is not None:
+        return ctx.out.strides
+    from ...abi import contiguous_strides
+
+    return contiguous_strides(ctx.out_shape)
+
+
+@functools.lru_cache(maxsize=16)
+def sm_count(device: str) -> int:
+    """Streaming multiprocessors (a small stand-in under the interpreter)."""
+    if INTERPRET or not device.startswith("cuda"):
+        return 4
+    return torch.cuda.get_device_properties(torch.device(device)).multi_processor_count
+
+
+def workspace_f32(args: Any, count: int, device: Any) -> torch.Tensor:
+    """`count` fp32 elements of the lent workspace (allocated here when none was lent)."""
+    ws = args.workspace
+    if ws is not None:
+        ws = as_torch(ws)
+        if ws.numel() >= 4 * count:
+            return ws[: 4 * count].view(torch.float32)
+    return torch.empty(count, dtype=torch.float32, device=device)
+
+
+def numpy_or_torch_empty(shape: tuple[int, ...], dtype: str, device: str) -> Any:
+    """Outputs under the interpreter are NumPy arrays (the CPU front end expects them)."""
+    if device.startswith("cpu"):
+        return np.empty(shape, np.dtype(dtype))
+    return torch.empty(shape, dtype=TORCH_DTYPES[dtype], device=device)
