@@ -10,9 +10,9 @@ import numpy as np
 from numpy import ndarray
 
 from .abi import TensorSpec
-from .arrays import as_array, is_torch_tensor, signature
+from .arrays import as_array, is_cpu_tensor, is_torch_tensor, numpy_view, signature
 from .context import check_arity
-from .errors import ArgumentError
+from .errors import ArgumentError, DTypeError
 from .schema import OpSchema
 
 
@@ -97,6 +97,8 @@ def coerce_input(schema: OpSchema, name: str, x: Any, specs: bool = False) -> An
         raise ArgumentError(f"{schema.name}: argument '{name}' is a masked array; pass x.filled(value) instead")
     if isinstance(x, TensorSpec) and not specs:
         raise ArgumentError(f"{schema.name}: argument '{name}' expected an array, got a TensorSpec (for explain)")
+    if is_cpu_tensor(x):
+        return cpu_tensor_view(schema.name, name, x)
     try:
         return as_array(x)
     except (ValueError, TypeError) as exc:
@@ -106,9 +108,25 @@ def coerce_input(schema: OpSchema, name: str, x: Any, specs: bool = False) -> An
 
 
 def coerce_out(op: str, out: Any) -> Any:
-    """`out` must already be an array (it is written in place); ndarray subclasses are viewed as ndarrays."""
+    """`out` must already be an array (it is written in place); ndarray subclasses are viewed as ndarrays,
+    CPU tensors as NumPy arrays sharing their memory."""
+    if is_cpu_tensor(out):
+        return cpu_tensor_view(op, "out", out)
     if out is None or type(out) is ndarray or is_torch_tensor(out):
         return out
     if isinstance(out, ndarray):
         return np.asarray(out)
     raise ArgumentError(f"{op}: argument 'out' expected an array, got {type(out).__name__}")
+
+
+def cpu_tensor_view(op: str, name: str, x: Any) -> ndarray:
+    """A CPU tensor as the NumPy view the CPU backend runs on (no copy), or a DTypeError saying why not."""
+    try:
+        return numpy_view(x)
+    except TypeError as exc:
+        raise DTypeError(f"{op}: argument '{name}' expected a CPU tensor NumPy can view, got {exc}") from None
+
+
+def has_cpu_tensor(inputs: tuple, out: Any) -> bool:
+    """Whether a call passes any CPU tensor (its output then comes back as a CPU tensor)."""
+    return is_cpu_tensor(out) or any(is_cpu_tensor(x) for x in inputs)

@@ -20,9 +20,17 @@ class NotAnArray(Exception):
     """Raised by `signature` for an object that must first be converted with `as_array`."""
 
 
+_TENSOR_TYPE: list[type] = []  # torch.Tensor once torch has been imported by someone
+
+
 def _torch_tensor_type() -> type | None:
+    if _TENSOR_TYPE:
+        return _TENSOR_TYPE[0]
     torch = sys.modules.get("torch")
-    return getattr(torch, "Tensor", None)
+    tensor_type = getattr(torch, "Tensor", None)
+    if tensor_type is not None:
+        _TENSOR_TYPE.append(tensor_type)
+    return tensor_type
 
 
 def is_torch_tensor(x: Any) -> bool:
@@ -31,7 +39,12 @@ def is_torch_tensor(x: Any) -> bool:
 
 
 def signature(x: Any) -> Any:
-    """A cheap hashable key for the parts of an argument that decide the kernel (hot path)."""
+    """A cheap hashable key for the parts of an argument that decide the kernel (hot path).
+
+    A CUDA tensor's key is (dtype, shape, strides, device index, 16-byte aligned?): kernels may require
+    aligned pointers, so alignment is part of the key (and conditions may look at `TensorSpec.ptr % 16`).
+    A CPU tensor raises NotAnArray: the slow path views it as a NumPy array first.
+    """
     if type(x) is np.ndarray:
         return (x.dtype, x.shape, x.strides)
     if x is None:
@@ -39,8 +52,27 @@ def signature(x: Any) -> Any:
     if type(x) in SCALAR_TYPES:
         return type(x)
     if is_torch_tensor(x):
-        return (x.dtype, tuple(x.shape), x.stride(), x.device)
+        if x.is_cuda:
+            return (x.dtype, x.shape, x.stride(), x.get_device(), not x.data_ptr() & 15)
+        if x.device.type != "cpu":
+            return (x.dtype, x.shape, x.stride(), str(x.device))
     raise NotAnArray
+
+
+def is_cpu_tensor(x: Any) -> bool:
+    """A PyTorch tensor in CPU memory (run on the CPU backend through a NumPy view)."""
+    return is_torch_tensor(x) and x.device.type == "cpu"
+
+
+def numpy_view(x: Any) -> np.ndarray:
+    """A CPU tensor as a NumPy array sharing its memory (no copy); autograd tracking is dropped.
+    Raises TypeError for dtypes NumPy lacks (bfloat16) and tensors with lazy conjugate/negative bits."""
+    try:
+        return x.detach().numpy()
+    except (TypeError, RuntimeError) as exc:
+        dtype = str(x.dtype).removeprefix("torch.")
+        hint = "NumPy has no bfloat16: pass x.float() or a CUDA tensor" if dtype == "bfloat16" else str(exc)
+        raise TypeError(f"dtype {dtype} ({hint})") from None
 
 
 def as_array(x: Any) -> Any:

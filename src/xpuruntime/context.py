@@ -100,7 +100,9 @@ def _common_device(op: str, names: tuple[str, ...], specs: tuple[InputSpec, ...]
         if device is None:
             device, first = spec.device, name
         elif spec.device != device:
-            raise argument_error(DeviceMismatchError, op, name, f"device {device} (like '{first}')", spec.device)
+            hint = " (NumPy arrays and CPU tensors live on the CPU: move them with .to(device) first)"
+            hint = hint if "cpu" in (device, spec.device) else ""
+            raise argument_error(DeviceMismatchError, op, name, f"device {device} (like '{first}')", spec.device + hint)
     return device or "cpu"
 
 

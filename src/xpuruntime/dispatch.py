@@ -17,10 +17,10 @@ from collections.abc import Hashable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from .abi import ArgPack, SyncPolicy
-from .arguments import attr_values, fill_inputs, normalize_call, plan_key
+from .arguments import attr_values, fill_inputs, has_cpu_tensor, normalize_call, plan_key
 from .arrays import NotAnArray
 from .context import build_context
-from .errors import KernelFallbackWarning, LaunchError, PolicyError
+from .errors import ArgumentError, KernelFallbackWarning, LaunchError, PolicyError
 from .log import OBSERVERS, DispatchEvent, DispatchRecord
 from .plan import Plan, PlanCache
 from .policy import KernelPolicy, current_policy
@@ -72,9 +72,7 @@ class Dispatcher:
             key = plan_key(op, policy.fingerprint, attrs, inputs, out)
             plan = self.plans.get(key)
         except (NotAnArray, TypeError):
-            inputs, attrs, out = normalize_call(self.registry.op(op), inputs, attrs, out)
-            key = plan_key(op, policy.fingerprint, attrs, inputs, out)
-            plan = self.plans.get(key)
+            return self._run_converted(op, inputs, attrs, out)
         hit = plan is not None
         if plan is None:
             plan = self._plan_miss(op, inputs, attrs, out, policy, key)
@@ -100,6 +98,20 @@ class Dispatcher:
         return out
 
     # -- misses ------------------------------------------------------------------------------
+    def _run_converted(self, op: str, inputs: tuple, attrs: tuple, out: Any) -> Any:
+        """Slow path: convert array-likes, NumPy scalars, unhashable attributes and CPU tensors (to NumPy
+        views of their memory), run, and give callers what they passed in: their own `out`, or for CPU
+        tensors a CPU tensor sharing the result's memory."""
+        inputs_, attrs_, out_ = normalize_call(self.registry.op(op), inputs, attrs, out)
+        try:
+            hash(plan_key(op, 0, attrs_, inputs_, out_))
+        except (NotAnArray, TypeError) as exc:  # never loop: normalized arguments must make a key
+            raise ArgumentError(f"{op}: arguments cannot be dispatched ({type(exc).__name__}: {exc})") from None
+        result = self.run(op, inputs_, attrs_, out_)
+        if out is not None:
+            return out
+        return sys.modules["torch"].from_numpy(result) if has_cpu_tensor(inputs, None) else result
+
     def _plan_miss(self, op: str, inputs: tuple, attrs: tuple, out: Any, policy: KernelPolicy, key: Hashable) -> Plan:
         generation = self.registry.generation
         decision = self.decide(op, inputs, attrs, out, policy)

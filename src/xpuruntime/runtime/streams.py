@@ -136,13 +136,35 @@ def _raw(stream: Any) -> Any:
 
 
 def current_stream(device: str) -> Any:
-    """The caller's current stream on `device` as PyTorch sees it (a torch.cuda.Stream); None on the CPU."""
+    """The caller's current stream on `device` as PyTorch sees it (a torch.cuda.Stream); None on the CPU.
+
+    Hot path (once per dispatch): the raw cudaStream_t is read from PyTorch and mapped to a cached
+    torch.cuda.Stream object, instead of building a new one each call.
+    """
     if not device.startswith("cuda"):
         return None
+    index = device_index(device)
+    raw_current = _raw_current_stream()
+    if raw_current is not None:
+        key = (index, raw_current(index))
+        stream = _stream_objects.get(key)
+        if stream is None:
+            stream = _stream_objects[key] = _torch().cuda.current_stream(index)
+        return stream
     torch = _torch()
     if torch is not None:
-        return torch.cuda.current_stream(device_index(device))
-    return _cuda_core_device(device_index(device)).default_stream
+        return torch.cuda.current_stream(index)
+    return _cuda_core_device(index).default_stream
+
+
+_stream_objects: dict[tuple[int, int], Any] = {}
+
+
+@functools.cache
+def _raw_current_stream() -> Any:
+    """PyTorch's (device index) -> cudaStream_t function when torch has CUDA (the one Triton uses too)."""
+    torch = _torch()
+    return getattr(torch._C, "_cuda_getCurrentRawStream", None) if torch is not None else None
 
 
 def new_stream(device: str = "cuda:0", priority: int = 0) -> Stream:
