@@ -1,0 +1,63 @@
+"""aten::mm, aten::bmm and aten::addmm routed to the `matmul` (and `linear`) ops, at the backend key.
+
+Backward of a matrix product is made of matrix products (autograd calls mm/bmm for the gradients),
+so overriding at the backend key makes forward and backward follow the policy, under autocast,
+no_grad and inference_mode alike. PyTorch's own kernels stay reachable through the out= variants,
+which are separate aten operators and never overridden.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..policy import current_policy
+from .routing import attrs_for, dispatch, has_op, tls
+
+_mm_out = torch.ops.aten.mm.out
+_bmm_out = torch.ops.aten.bmm.out
+_addmm_out = torch.ops.aten.addmm.out
+
+
+def mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """aten::mm: 2-D product through `matmul` when the policy names it."""
+    if not tls.busy and "matmul" in current_policy().preferences:
+        out = dispatch("matmul", (a, b))
+        if out is not None:
+            return out
+    return _mm_out(a, b, out=a.new_empty((a.shape[0], b.shape[1])))
+
+
+def bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """aten::bmm: batched product through `matmul` when the policy names it."""
+    if not tls.busy and "matmul" in current_policy().preferences:
+        out = dispatch("matmul", (a, b))
+        if out is not None:
+            return out
+    return _bmm_out(a, b, out=a.new_empty((a.shape[0], a.shape[1], b.shape[2])))
+
+
+def addmm(bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, beta: float = 1, alpha: float = 1) -> torch.Tensor:
+    """aten::addmm (nn.Linear with bias): `linear` when the policy names it and the call is a plain
+    x Wᵀ + b, else `matmul` followed by the scaled bias add, else PyTorch's kernel."""
+    if not tls.busy:
+        prefs = current_policy().preferences
+        out = None
+        if "linear" in prefs and beta == 1 and alpha == 1 and bias.dim() == 1 and has_op("linear"):
+            out = dispatch("linear", (a, b.t(), bias), attrs_for("linear", {}))
+        if out is None and "matmul" in prefs:
+            out = dispatch("matmul", (a, b))
+            if out is not None:
+                if alpha != 1:
+                    out.mul_(alpha)
+                if beta != 0:
+                    out.add_(bias, alpha=beta)
+        if out is not None:
+            return out
+    out = a.new_empty((a.shape[0], b.shape[1]))
+    return _addmm_out(bias, a, b, beta=beta, alpha=alpha, out=out)
+
+
+ROUTES = {
+    "matmul": (("mm", "backend", mm), ("bmm", "backend", bmm), ("addmm", "backend", addmm)),
+    "linear": (("addmm", "backend", addmm),),
+}

@@ -1,0 +1,137 @@
+"""The process-wide set of aten overrides: exactly those the active policies need, and nothing else.
+
+One `torch.library.Library("aten", "IMPL")` holds every override. After any policy change the set of
+ops named by the process policy or by an active scoped policy (any thread) is recomputed; when it
+changes, the library is rebuilt with that set (an empty set means no library: PyTorch untouched).
+Each override checks the policy of its own thread at call time, so a scoped policy in one thread never
+steers another thread's calls. Before installing, the current registrations are inspected: a kernel
+that another library registered for the same op and key raises `OverrideConflictError`.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import warnings
+from collections.abc import Callable, Iterable
+
+import torch
+
+from ..errors import XpuRuntimeError
+from ..policy import process_policy
+from . import aten_attention, aten_matmul, aten_norm
+
+ROUTES: dict[str, tuple[tuple[str, str, Callable], ...]] = {}
+for _module in (aten_matmul, aten_attention, aten_norm):
+    for _op, _routes in _module.ROUTES.items():
+        ROUTES[_op] = ROUTES.get(_op, ()) + _routes
+
+_BUILTIN_MARKERS = ("aten/src/ATen", "torch/csrc", "build/aten")
+_DEVICE_KEYS = {"cuda": ("CUDA", "AutogradCUDA"), "cpu": ("CPU", "AutogradCPU")}
+
+
+class OverrideConflictError(XpuRuntimeError):
+    """Another library already overrides an aten kernel that the policy needs."""
+
+
+class _Installed:
+    library: torch.library.Library | None = None
+    ops: frozenset[str] = frozenset()
+    devices: tuple[str, ...] = ("cuda",)
+
+
+_state = _Installed()
+_scoped: collections.Counter[str] = collections.Counter()
+_lock = threading.RLock()
+
+
+def installed_overrides() -> dict[str, list[str]]:
+    """The overridden aten ops per xpuruntime op, e.g. {'matmul': ['mm@CUDA', 'bmm@CUDA', ...]}."""
+    with _lock:
+        return {op: [f"{name}@{key}" for name, key in _registrations(op)] for op in sorted(_state.ops)}
+
+
+def _registrations(op: str) -> list[tuple[str, str]]:
+    return list(_functions(op))
+
+
+def _functions(op: str) -> dict[tuple[str, str], Callable]:
+    """(aten op, dispatch key) -> override function, for every routed device type."""
+    functions = {}
+    for device in _state.devices:
+        backend_key, autograd_key = _DEVICE_KEYS[device]
+        for aten_name, level, fn in ROUTES.get(op, ()):
+            functions[(aten_name, backend_key if level == "backend" else autograd_key)] = fn
+    return functions
+
+
+def _wanted_ops() -> frozenset[str]:
+    named = set(process_policy().preferences) | {op for op, count in _scoped.items() if count > 0}
+    return frozenset(op for op in named if op in ROUTES)
+
+
+def refresh_overrides() -> None:
+    """Install or remove overrides to match the policies in force (called after every policy change)."""
+    with _lock:
+        wanted = _wanted_ops()
+        if wanted != _state.ops:
+            _rebuild(wanted)
+
+
+def scope_entered(preferences: Iterable[str]) -> None:
+    with _lock:
+        _scoped.update(list(preferences))
+        refresh_overrides()
+
+
+def scope_exited(preferences: Iterable[str]) -> None:
+    with _lock:
+        _scoped.subtract(list(preferences))
+        for op in [op for op, count in _scoped.items() if count <= 0]:
+            del _scoped[op]
+        refresh_overrides()
+
+
+def route_devices(devices: Iterable[str]) -> None:
+    """Which device types get overrides: ('cuda',) normally; tests add 'cpu' to exercise routing on CPU."""
+    with _lock:
+        devices = tuple(devices)
+        unknown = set(devices) - set(_DEVICE_KEYS)
+        if unknown:
+            raise XpuRuntimeError(f"route_devices: unknown device type(s) {sorted(unknown)}; expected cuda or cpu")
+        ops, _state.devices = _state.ops, devices
+        _rebuild(frozenset(), check=False)
+        _rebuild(ops)
+
+
+def _rebuild(ops: frozenset[str], check: bool = True) -> None:
+    if _state.library is not None:
+        _state.library._destroy()
+        _state.library, _state.ops = None, frozenset()
+    if not ops:
+        return
+    functions: dict[tuple[str, str], Callable] = {}
+    for op in sorted(ops):
+        functions.update(_functions(op))
+    if check:
+        for aten_name, key in functions:
+            _check_no_foreign_kernel(aten_name, key)
+    library = torch.library.Library("aten", "IMPL")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*Overriding a previously registered kernel.*")
+        for (aten_name, key), fn in functions.items():
+            library.impl(aten_name, fn, key)
+    _state.library, _state.ops = library, ops
+
+
+def _check_no_foreign_kernel(aten_name: str, key: str) -> None:
+    """Raise if the kernel active for aten::name at `key` was registered outside PyTorch itself."""
+    for line in torch._C._dispatch_dump(f"aten::{aten_name}").splitlines():
+        if not line.startswith(f"{key}: registered at "):
+            continue
+        where = line.removeprefix(f"{key}: registered at ").split(" :: ")[0]
+        if not any(marker in where for marker in _BUILTIN_MARKERS):
+            raise OverrideConflictError(
+                f"cannot route aten::{aten_name} ({key}) through xpuruntime: another library already "
+                f"overrides it (registered at {where}). Remove that override, or drop this op from the policy."
+            )

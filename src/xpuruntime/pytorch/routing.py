@@ -1,0 +1,111 @@
+"""How an aten override hands a call to the xpuruntime dispatcher, and when it hands it back.
+
+An override routes a call only when the policy in force here names a kernel for the op. A call the
+op cannot describe (a dtype mix, a shape outside its semantics) or that no registered kernel can run
+goes back to PyTorch's kernel; strict policies still raise. Calls made while the dispatcher is
+already running a kernel (a `torch_*` kernel calling back into aten) go to PyTorch directly.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from ..dispatch import default_dispatcher
+from ..errors import (
+    ArgumentError,
+    DeviceMismatchError,
+    DTypeError,
+    KernelFallbackWarning,
+    LayoutError,
+    NoKernelError,
+    ShapeError,
+    UnsupportedByPolicyError,
+)
+from ..policy import current_policy
+
+_NOT_OURS = (ArgumentError, DeviceMismatchError, DTypeError, LayoutError, ShapeError)
+
+
+class _ThreadState(threading.local):
+    busy = False  # True while this thread runs a kernel chosen by the dispatcher
+
+
+class _Router:
+    """The dispatcher the overrides use (the process-wide one unless a test swaps it)."""
+
+    run: Callable[..., Any] | None = None
+    dispatcher: Any = None
+
+
+tls = _ThreadState()
+router = _Router()
+_warned_ops: set[tuple[str, str]] = set()
+
+
+def use_dispatcher(dispatcher: Any = None) -> None:
+    """Route through `dispatcher` (None: the process-wide one, made on first use)."""
+    router.dispatcher = dispatcher
+    router.run = None if dispatcher is None else dispatcher.run
+
+
+def get_dispatcher() -> Any:
+    if router.dispatcher is None:
+        use_dispatcher(default_dispatcher())
+    return router.dispatcher
+
+
+def wants(op: str) -> bool:
+    """True when this thread's policy names a kernel for `op` and no routed kernel is running here."""
+    return not tls.busy and op in current_policy().preferences
+
+
+def dispatch(op: str, inputs: tuple, attrs: tuple = ()) -> Any:
+    """Run `op` through the dispatcher; None means 'let PyTorch run it' (see the module docstring)."""
+    run = router.run or get_dispatcher().run
+    tls.busy = True
+    try:
+        return run(op, inputs, attrs)
+    except _NOT_OURS:
+        return None
+    except UnsupportedByPolicyError:
+        raise
+    except NoKernelError as exc:
+        _warn_no_kernel(op, exc)
+        return None
+    finally:
+        tls.busy = False
+
+
+def _warn_no_kernel(op: str, exc: NoKernelError) -> None:
+    """One warning per op and preferred kernel when PyTorch's kernel runs instead of the policy's."""
+    preferred = current_policy().preferences.get(op)
+    if preferred is None or (op, preferred) in _warned_ops:
+        return  # an op the policy does not name (e.g. a backward op) just keeps PyTorch's kernel
+    _warned_ops.add((op, preferred))
+    first = str(exc).splitlines()[0]
+    warnings.warn(f"{first}; running PyTorch's kernel instead", KernelFallbackWarning, stacklevel=4)
+
+
+def has_op(op: str) -> bool:
+    return op in get_dispatcher().registry.ops
+
+
+def attrs_for(op: str, values: Mapping[str, Any]) -> tuple:
+    """The op's attributes in schema order from `values`, defaults for the rest."""
+    schema = get_dispatcher().registry.op(op)
+    return tuple(values[name] if name in values else schema.defaults.get(name) for name in schema.attrs)
+
+
+def inputs_for(op: str, values: Mapping[str, Any], aliases: Mapping[str, str]) -> tuple | None:
+    """The op's inputs in schema order, found by name (through `aliases`); None if a required one is missing."""
+    schema = get_dispatcher().registry.op(op)
+    inputs = []
+    for name in schema.inputs:
+        value = values.get(aliases.get(name, name))
+        if value is None and name not in schema.optional:
+            return None
+        inputs.append(value)
+    return tuple(inputs)

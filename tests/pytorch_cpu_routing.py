@@ -1,0 +1,129 @@
+"""Test-only: a private registry whose kernels run PyTorch CPU code and count their calls, and a
+fixture that routes CPU aten ops through it, so override routing is tested end to end without a GPU."""
+
+from __future__ import annotations
+
+import collections
+import importlib
+import math
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+
+import xpuruntime as xrt
+import xpuruntime.pytorch as xtorch
+from xpuruntime.dispatch import Dispatcher
+from xpuruntime.pytorch import overrides, routing
+from xpuruntime.registry import OPS_PACKAGE, Backend, Registry, _declared, _submodules, kernel
+from xpuruntime.schema import OpSchema
+
+CALLS: collections.Counter[str] = collections.Counter()
+_DTYPES = {"float32", "float64", "bfloat16", "float16"}
+
+
+def _empty(shape, dtype, device, stream):
+    return np.full(shape, np.nan, dtype=dtype)  # poisoned: unwritten elements show
+
+
+def _tensors(args):
+    """CPU tensors reach CPU kernels as NumPy views (zero-copy); back to tensors for the math here."""
+    return tuple(None if a is None else torch.from_numpy(np.asarray(a)) for a in args.inputs), torch.from_numpy(
+        args.out
+    )
+
+
+def _mm(args):
+    CALLS["matmul"] += 1
+    (a, b), out = _tensors(args)
+    out.copy_(torch.matmul(a.double(), b.double()))
+
+
+def _attention(args):
+    CALLS["attention"] += 1
+    inputs, out = _tensors(args)
+    q, k, v, mask = (t if t is None else t.double() for t in inputs)
+    scores = torch.matmul(q, k.transpose(-1, -2)) * args.attrs["scale"]
+    if args.attrs["is_causal"]:
+        keep = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril()
+        scores = scores.masked_fill(~keep, -math.inf)
+    elif mask is not None:
+        scores = scores.masked_fill(~inputs[3], -math.inf) if inputs[3].dtype == torch.bool else scores + mask
+    out.copy_(torch.matmul(torch.softmax(scores, -1), v))
+
+
+def _layer_norm(args):
+    CALLS["layer_norm"] += 1
+    inputs, out = _tensors(args)
+    x, w, b = (t if t is None else t.double() for t in inputs)
+    dims = args.attrs["normalized_shape"]
+    out.copy_(torch.ops.aten.layer_norm.default.decompose(x, list(dims), w, b, args.attrs["eps"]))
+
+
+def _rms_norm(args):
+    CALLS["rms_norm"] += 1
+    inputs, out = _tensors(args)
+    x, w = (t if t is None else t.double() for t in inputs)
+    axes = tuple(range(x.dim() - len(args.attrs["normalized_shape"]), x.dim()))
+    eps = args.attrs["eps"]
+    y = x * torch.rsqrt(x.square().mean(axes, keepdim=True) + eps)
+    out.copy_(y if w is None else y * w)
+
+
+def _layer_norm_backward(args):
+    CALLS["layer_norm_backward"] += 1
+    (dy, x, w), out = _tensors(args)
+    dims = args.attrs["normalized_shape"]
+    with torch.enable_grad():
+        xl = x.detach().double().requires_grad_()
+        wl = (torch.ones(dims, dtype=torch.float64) if w is None else w.detach().double()).requires_grad_()
+        bl = torch.zeros(dims, dtype=torch.float64, requires_grad=True)
+        y = torch.ops.aten.layer_norm.default.decompose(xl, list(dims), wl, bl, args.attrs["eps"])
+        dx, dw, db = torch.autograd.grad(y, (xl, wl, bl), dy.double())
+    n = math.prod(dims)
+    out.copy_(torch.cat([dx.reshape(-1, n), dw.reshape(1, n), db.reshape(1, n)]))
+
+
+def make_registry() -> Registry:
+    """The built-in op schemas with one counting PyTorch-CPU kernel per routed op."""
+    registry = Registry()
+    for schema in _declared(_submodules(importlib.import_module(OPS_PACKAGE)), OpSchema):
+        registry.register_op(schema)
+    registry.register_backend(Backend("torchcpu", "cpu", empty=_empty))
+    specs = [
+        kernel("matmul", "test_mm", backend="torchcpu", dtypes={"float32", "float16"})(_mm),
+        kernel("attention", "test_attention", backend="torchcpu", dtypes=_DTYPES)(_attention),
+        kernel("layer_norm", "test_ln", backend="torchcpu", dtypes=_DTYPES)(_layer_norm),
+        kernel("rms_norm", "test_rms", backend="torchcpu", dtypes=_DTYPES)(_rms_norm),
+    ]
+    if "layer_norm_backward" in registry.ops:
+        specs.append(
+            kernel("layer_norm_backward", "test_ln_bwd", backend="torchcpu", dtypes=_DTYPES)(_layer_norm_backward)
+        )
+    for spec in specs:
+        registry.register_kernel(spec)
+    return registry
+
+
+POLICY = {"matmul": "test_mm", "attention": "test_attention", "layer_norm": "test_ln", "rms_norm": "test_rms",
+          "layer_norm_backward": "test_ln_bwd"}  # fmt: skip
+
+
+def policy(*ops: str, registry: Registry, **options) -> xrt.KernelPolicy:
+    prefs = {op: POLICY[op] for op in ops if op in registry.ops and POLICY[op] in registry.kernels[op]}
+    return xrt.KernelPolicy(prefs, validate=registry, **options)
+
+
+def routed_registry() -> Iterator[Registry]:
+    """Route CPU aten ops through a private dispatcher (use from a fixture); everything is undone after."""
+    registry = make_registry()
+    routing.use_dispatcher(Dispatcher(registry))
+    overrides.route_devices(("cpu",))
+    CALLS.clear()
+    try:
+        yield registry
+    finally:
+        xtorch.clear_kernel_policy()
+        overrides.route_devices(("cuda",))
+        routing.use_dispatcher(None)
+        CALLS.clear()

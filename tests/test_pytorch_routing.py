@@ -1,0 +1,207 @@
+"""aten overrides on CPU (test-only CPU routing): install/remove, forward and backward routing,
+autograd, autocast, no_grad, inference_mode, non-contiguous inputs, fallbacks and conflicts."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from pytorch_cpu_routing import CALLS, policy, routed_registry
+
+import xpuruntime as xrt
+import xpuruntime.pytorch as xtorch
+from xpuruntime.pytorch import overrides
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning:torch")
+
+
+@pytest.fixture
+def cpu_routing():
+    yield from routed_registry()
+
+
+def _python_kernel_at(name: str, key: str) -> bool:
+    for line in torch._C._dispatch_dump(f"aten::{name}").splitlines():
+        if line.startswith(f"{key}: registered at "):
+            return ".py:" in line
+    return False
+
+
+def test_nothing_installed_without_a_preference(cpu_routing):
+    assert xtorch.installed_overrides() == {}
+    assert not _python_kernel_at("mm", "CPU")
+    torch.randn(5, 7) @ torch.randn(7, 3)
+    assert CALLS["matmul"] == 0
+
+
+def test_set_and_clear_install_and_remove(cpu_routing):
+    xtorch.set_kernel_policy(policy("matmul", registry=cpu_routing))
+    assert set(xtorch.installed_overrides()) == {"matmul"}
+    assert _python_kernel_at("mm", "CPU") and _python_kernel_at("addmm", "CPU")
+    assert not _python_kernel_at("layer_norm", "AutogradCPU")
+    xtorch.clear_kernel_policy()
+    assert xtorch.installed_overrides() == {}
+    assert not _python_kernel_at("mm", "CPU")
+
+
+def test_scoped_policy_installs_only_inside(cpu_routing):
+    with xtorch.kernel_policy(policy("layer_norm", registry=cpu_routing)):
+        assert set(xtorch.installed_overrides()) == {"layer_norm"}
+        with xtorch.kernel_policy(policy("layer_norm", "matmul", registry=cpu_routing)):
+            assert set(xtorch.installed_overrides()) == {"layer_norm", "matmul"}
+        assert set(xtorch.installed_overrides()) == {"layer_norm"}
+    assert xtorch.installed_overrides() == {}
+
+
+def _linear_model_grads(x: torch.Tensor, seed: int = 0) -> tuple[torch.Tensor, ...]:
+    torch.manual_seed(seed)
+    lin = torch.nn.Linear(x.shape[-1], 6)
+    x = x.detach().clone().requires_grad_()
+    y = F.gelu(lin(x)) @ torch.randn(6, 4)
+    y.square().sum().backward()
+    return y.detach(), x.grad, lin.weight.grad, lin.bias.grad
+
+
+@pytest.mark.parametrize("shape", [(5, 9), (2, 3, 9)])
+def test_linear_and_matmul_forward_and_backward_follow_the_policy(cpu_routing, shape):
+    x = torch.randn(*shape)
+    expected = _linear_model_grads(x)
+    xtorch.set_kernel_policy(policy("matmul", registry=cpu_routing))
+    xrt.enable_dispatch_logging()
+    got = _linear_model_grads(x)
+    logs = xrt.get_dispatch_logs()
+    # forward: linear (addmm or mm) and the @ ; backward: dx and dW of each product
+    assert CALLS["matmul"] >= 5
+    assert {r.selected_kernel for r in logs if r.op_name == "matmul"} == {"test_mm"}
+    assert all(r.reason == "policy" for r in logs)
+    for e, g in zip(expected, got):
+        torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5)
+
+
+def test_bmm_non_contiguous_and_modes(cpu_routing):
+    a = torch.randn(3, 7, 5).transpose(1, 2)  # non-contiguous
+    b = torch.randn(3, 7, 4)[:, :, 1:]
+    expected = torch.bmm(a, b)
+    xtorch.set_kernel_policy(policy("matmul", registry=cpu_routing))
+    for mode in (torch.no_grad, torch.inference_mode, torch.enable_grad):
+        CALLS.clear()
+        with mode():
+            got = torch.bmm(a, b)
+        assert CALLS["matmul"] == 1
+        torch.testing.assert_close(got, expected)
+
+
+def test_autocast_casts_before_the_override(cpu_routing):
+    xtorch.set_kernel_policy(policy("matmul", registry=cpu_routing))
+    a, b = torch.randn(8, 16), torch.randn(16, 4)
+    xrt.enable_dispatch_logging()
+    with xtorch.autocast(dtype=torch.float16, device_type="cpu"):
+        assert xrt.get_kernel_policy().math_mode.value == "fp16"
+        got = torch.mm(a, b)
+    assert got.dtype == torch.float16
+    assert xrt.get_dispatch_logs()[-1].dtype == "float16"
+    torch.testing.assert_close(got.float(), a @ b, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_forward_and_backward(cpu_routing, causal):
+    q, k, v = (torch.randn(2, 3, 5, 8, requires_grad=True) for _ in range(3))
+    dout = torch.randn(2, 3, 5, 8)
+    ref = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    ref_grads = torch.autograd.grad(ref, (q, k, v), dout)
+    xtorch.set_kernel_policy(policy("attention", "matmul", registry=cpu_routing))
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    assert CALLS["attention"] == 1
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-4)
+    with torch.inference_mode():
+        F.scaled_dot_product_attention(q.detach(), k.detach(), v.detach(), is_causal=causal)
+    assert CALLS["attention"] == 2
+
+
+def test_backward_keeps_the_forward_policy_after_the_scope_ends(cpu_routing):
+    x = torch.randn(4, 6, requires_grad=True)
+    weight, bias = torch.randn(6, requires_grad=True), torch.randn(6, requires_grad=True)
+    ref = torch.autograd.grad(F.layer_norm(x, (6,), weight, bias).square().sum(), (x, weight, bias))
+    with xtorch.kernel_policy(policy("layer_norm", "layer_norm_backward", registry=cpu_routing)):
+        y = F.layer_norm(x, (6,), weight, bias)
+    assert xtorch.installed_overrides() == {}
+    grads = torch.autograd.grad(y.square().sum(), (x, weight, bias))
+    assert CALLS["layer_norm"] == 1
+    if "layer_norm_backward" in cpu_routing.ops:
+        assert CALLS["layer_norm_backward"] == 1
+    for g, r in zip(grads, ref):
+        torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-4)
+
+
+def test_rms_norm_routed_with_torch_backward(cpu_routing):
+    x = torch.randn(3, 4, 10, requires_grad=True)
+    w = torch.randn(10, requires_grad=True)
+    ref = torch.autograd.grad(F.rms_norm(x, (10,), w, 1e-6).sum(), (x, w))
+    xtorch.set_kernel_policy(policy("rms_norm", registry=cpu_routing))
+    y = F.rms_norm(x, (10,), w, 1e-6)
+    grads = torch.autograd.grad(y.sum(), (x, w))
+    assert CALLS["rms_norm"] == 1
+    for g, r in zip(grads, ref):
+        torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-4)
+
+
+def test_ops_not_named_keep_pytorch(cpu_routing):
+    xtorch.set_kernel_policy(policy("matmul", registry=cpu_routing))
+    F.layer_norm(torch.randn(3, 5), (5,))
+    F.scaled_dot_product_attention(*(torch.randn(1, 2, 3, 4) for _ in range(3)))
+    assert CALLS["layer_norm"] == 0 and CALLS["attention"] == 0
+
+
+def test_call_outside_the_ops_semantics_runs_pytorch(cpu_routing):
+    xtorch.set_kernel_policy(policy("layer_norm", registry=cpu_routing))
+    x = torch.randn(3, 5, dtype=torch.bfloat16)  # no NumPy view of bfloat16: the CPU path cannot take it
+    y = F.layer_norm(x, (5,))
+    assert CALLS["layer_norm"] == 0 and y.dtype == torch.bfloat16
+    torch.testing.assert_close(y.float(), F.layer_norm(x.float(), (5,)), rtol=2e-2, atol=2e-2)
+
+
+def test_unrunnable_preference_falls_back_once_then_strict_raises(cpu_routing):
+    a, b = torch.randn(4, 5, dtype=torch.float64), torch.randn(5, 3, dtype=torch.float64)
+    xtorch.set_kernel_policy(policy("matmul", registry=cpu_routing))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        first, second = torch.mm(a, b), torch.mm(a, b)
+    assert sum(issubclass(w.category, xrt.KernelFallbackWarning) for w in caught) == 1
+    torch.testing.assert_close(first, a @ b)
+    assert torch.equal(first, second)
+    xtorch.set_kernel_policy(policy("matmul", registry=cpu_routing, strict=True))
+    with pytest.raises(xrt.UnsupportedByPolicyError, match="test_mm"):
+        torch.mm(a, b)
+
+
+def test_foreign_override_is_detected(cpu_routing):
+    foreign = torch.library.Library("aten", "IMPL")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        foreign.impl("bmm", lambda a, b: a, "CPU")
+    try:
+        with pytest.raises(overrides.OverrideConflictError, match="aten::bmm"):
+            xtorch.set_kernel_policy(policy("matmul", registry=cpu_routing))
+        assert xtorch.installed_overrides() == {}
+    finally:
+        foreign._destroy()
+        xrt.clear_kernel_policy()
+
+
+def test_policy_store_is_the_core_one():
+    xtorch.set_kernel_policy(matmul="blocked")
+    try:
+        assert xrt.get_kernel_policy() is xtorch.get_kernel_policy()
+        assert xrt.get_kernel_policy().preferences == {"matmul": "blocked"}
+        assert xtorch.KernelPolicy is xrt.KernelPolicy
+        with xtorch.kernel_policy(layer_norm="numpy") as scoped:
+            assert xrt.get_kernel_policy() is scoped
+            assert dict(scoped.preferences) == {"layer_norm": "numpy", "matmul": "blocked"}
+    finally:
+        xtorch.clear_kernel_policy()
+    assert xtorch.installed_overrides() == {}
