@@ -7,7 +7,14 @@ For each op the same tiny problem (so the kernel itself costs little) is timed t
 and the overhead (xrt - direct, xrt - launch) is printed in µs; each figure is the best of 15 interleaved
 rounds of 20,000 calls. Target: xrt - launch <= 3 µs (DESIGN §4).
 
-    python benchmarks/dispatch_overhead.py [--json results.json]
+With a CUDA device (and PyTorch) the same is done with CUDA tensors: "direct" is the PyTorch call, "launch"
+the selected GPU kernel's launch with its output allocated and the stream fetched beforehand (so the
+current-stream lookup counts as dispatcher overhead), "xrt" the front end; rounds end with a device
+synchronize. A private op `scale2` (y = 2x through `torch.mul`) measures the dispatcher with the cheapest
+possible GPU kernel. It also times output allocation through our caching allocator against `torch.empty`
+and the current-stream lookup.
+
+    python benchmarks/dispatch_overhead.py [--json results.json] [--cuda-only]
 """
 
 from __future__ import annotations
@@ -17,7 +24,6 @@ import json
 import platform
 import sys
 import time
-import timeit
 from collections.abc import Callable
 
 import numpy as np
@@ -28,17 +34,26 @@ from xpuruntime.abi import ArgPack
 TARGET_US = 3.0
 
 
-def per_call_us(variants: dict[str, Callable[[], object]], number: int = 20_000, repeat: int = 15) -> dict[str, float]:
+def per_call_us(
+    variants: dict[str, Callable[[], object]], number: int = 20_000, repeat: int = 15,
+    sync: Callable[[], object] | None = None,
+) -> dict[str, float]:  # fmt: skip
     """Best (minimum) mean time per call in µs for each variant, timed interleaved round by round so that
-    load from other processes hits all variants alike."""
+    load from other processes hits all variants alike; `sync` (a device synchronize) ends each round."""
     best = dict.fromkeys(variants, float("inf"))
     warm_until = time.perf_counter() + 0.5  # let the CPU clock and caches settle before timing
     while time.perf_counter() < warm_until:
         for fn in variants.values():
             fn()
+    sync = sync or (lambda: None)
     for _ in range(repeat):
         for name, fn in variants.items():
-            best[name] = min(best[name], timeit.timeit(fn, number=number) / number * 1e6)
+            sync()
+            start = time.perf_counter()
+            for _ in range(number):
+                fn()
+            sync()
+            best[name] = min(best[name], (time.perf_counter() - start) / number * 1e6)
     return best
 
 
@@ -54,43 +69,129 @@ def cases() -> list[tuple[str, Callable[[], object], Callable[[], object], tuple
     ]  # fmt: skip
 
 
-def launch_only(op: str, *inputs: object) -> Callable[[], object]:
-    """The selected kernel's launch function called directly, with its output allocated per call."""
-    plan = xrt.default_dispatcher().plan(op, *inputs)
+def launch_only(op: str, *inputs: object, dispatcher: object = None) -> Callable[[], object]:
+    """The selected kernel's launch function called directly, with its output allocated per call (on the
+    stream fetched once, beforehand)."""
+    plan = (dispatcher or xrt.default_dispatcher()).plan(op, *inputs)
+    stream = None if plan.current_stream is None else plan.current_stream(plan.device)
 
     def call() -> object:
-        out = plan.allocate(None)
-        plan.launch(ArgPack(inputs, out, plan.attrs, plan.config, None))
+        out = plan.allocate(stream)
+        plan.launch(ArgPack(inputs, out, plan.attrs, plan.config, None, stream))
         return out
 
     return call
 
 
+def cuda_cases(torch: object) -> list[tuple[str, Callable[[], object], Callable[[], object], Callable[[], object]]]:
+    """(name, xrt call, direct PyTorch call, launch-only call) with CUDA tensors, for ops with a GPU kernel."""
+    a = torch.randn(4, 4, device="cuda")
+    b = torch.randn(4, 4, device="cuda")
+    x = torch.randn(64, device="cuda")
+    found = []
+    for name, through_xrt, direct, (op, *inputs) in [
+        ("cuda matmul 4x4", lambda: xrt.ops.matmul(a, b), lambda: torch.matmul(a, b), ("matmul", a, b)),
+        ("cuda sin_affine 64", lambda: xrt.ops.sin_affine(x, 2.0, 0.5), lambda: torch.sin(2.0 * x + 0.5),
+         ("sin_affine", x, 2.0, 0.5)),
+        ("cuda sum 64", lambda: xrt.ops.sum(x), lambda: torch.sum(x, -1), ("sum", x)),
+        ("cuda softmax 64", lambda: xrt.ops.softmax(x), lambda: torch.softmax(x, -1), ("softmax", x)),
+    ]:  # fmt: skip
+        plan = xrt.default_dispatcher().plan(op, *inputs)
+        if plan.device.startswith("cuda"):
+            found.append((f"{name} [{plan.kernel.backend}/{plan.kernel.name}]", through_xrt, direct,
+                          launch_only(op, *inputs)))  # fmt: skip
+    dispatcher = scale2_dispatcher(torch)
+    found.append(("cuda scale2 64 [torch.mul]", lambda: dispatcher.run("scale2", (x,)), lambda: torch.mul(x, 2),
+                  launch_only("scale2", x, dispatcher=dispatcher)))  # fmt: skip
+    return found
+
+
+def scale2_dispatcher(torch: object) -> object:
+    """A dispatcher with one op, y = 2x, whose only kernel is `torch.mul` on a CUDA backend."""
+    from xpuruntime.dispatch import Dispatcher
+    from xpuruntime.registry import Backend, Registry, kernel
+    from xpuruntime.runtime import streams
+    from xpuruntime.schema import OpSchema
+
+    dtypes = {"float32": torch.float32, "float16": torch.float16}
+    registry = Registry()
+    registry.register_op(OpSchema(name="scale2", inputs=("x",), infer_dtype=lambda ctx: ctx.tensor("x").dtype,
+                                  infer_shape=lambda ctx: ctx.tensor("x").shape, reference=lambda x: 2 * x))  # fmt: skip
+    registry.register_backend(Backend(
+        "cudabench", "cuda", empty=lambda shape, dtype, device, stream: torch.empty(shape, dtype=dtypes[dtype],
+                                                                                    device=device),
+        current_stream=streams.current_stream, synchronize=streams.synchronize, record_event=streams.record_event,
+    ))  # fmt: skip
+
+    @kernel("scale2", "torch_mul", backend="cudabench")
+    def launch(args: ArgPack) -> None:
+        torch.mul(args.inputs[0], 2, out=args.out)
+
+    registry.register_kernel(launch)
+    return Dispatcher(registry)
+
+
+def cuda_extras(torch: object) -> dict[str, float]:
+    """Per-call µs of output allocation (our caching allocator vs torch.empty) and current-stream lookups."""
+    from xpuruntime.runtime import allocator, streams
+
+    ours = allocator.get_allocator("device", "cuda:0")
+    device = torch.device("cuda:0")
+    return per_call_us({
+        "torch.empty(64, device='cuda:0')": lambda: torch.empty((64,), dtype=torch.float32, device="cuda:0"),
+        "torch.empty(64, device=torch.device)": lambda: torch.empty((64,), dtype=torch.float32, device=device),
+        "xrt allocator.empty(64)": lambda: ours.empty((64,), torch.float32),
+        "xrt allocator allocate+free (1 KiB)": lambda: ours.free(ours.allocate(1024)),
+        "xrt streams.current_stream": lambda: streams.current_stream("cuda:0"),
+        "torch.cuda.current_stream(torch.device)": lambda: torch.cuda.current_stream(device),
+    }, number=5_000, repeat=7, sync=torch.cuda.synchronize)  # fmt: skip
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", help="also write the results to this JSON file")
+    parser.add_argument("--cuda-only", action="store_true", help="only the CUDA rows")
     args = parser.parse_args()
 
     rows = []
-    for name, through_xrt, direct, (op, *inputs) in cases():
-        times = per_call_us({"xrt": through_xrt, "direct": direct, "launch": launch_only(op, *inputs)})
+    measured = [] if args.cuda_only else [(*c[:3], launch_only(*c[3]), None) for c in cases()]
+    extras: dict[str, float] = {}
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    if torch is not None and torch.cuda.is_available():
+        measured += [(*c, torch.cuda.synchronize) for c in cuda_cases(torch)]
+        extras = cuda_extras(torch)
+    for name, through_xrt, direct, launch, sync in measured:
+        number, repeat = (20_000, 15) if sync is None else (5_000, 9)
+        times = per_call_us({"xrt": through_xrt, "direct": direct, "launch": launch}, number, repeat, sync)
         t_xrt, t_direct, t_launch = times["xrt"], times["direct"], times["launch"]
         rows.append({"case": name, "xrt_us": t_xrt, "direct_us": t_direct, "launch_us": t_launch,
                      "overhead_vs_direct_us": t_xrt - t_direct, "overhead_vs_launch_us": t_xrt - t_launch})  # fmt: skip
 
     stats = xrt.plan_cache().stats()
     print(f"Python {platform.python_version()} on {platform.machine()}, NumPy {np.__version__}")
-    print(f"{'case':<16}{'xrt µs':>9}{'direct µs':>11}{'launch µs':>11}{'overhead vs direct':>20}{'vs launch':>11}")
+    width = max(16, *(len(r["case"]) + 2 for r in rows))
+    print(
+        f"{'case':<{width}}{'xrt µs':>9}{'direct µs':>11}{'launch µs':>11}{'overhead vs direct':>20}{'vs launch':>11}"
+    )
     for r in rows:
-        print(f"{r['case']:<16}{r['xrt_us']:>9.2f}{r['direct_us']:>11.2f}{r['launch_us']:>11.2f}"
+        print(f"{r['case']:<{width}}{r['xrt_us']:>9.2f}{r['direct_us']:>11.2f}{r['launch_us']:>11.2f}"
               f"{r['overhead_vs_direct_us']:>20.2f}{r['overhead_vs_launch_us']:>11.2f}")  # fmt: skip
     print(f"plan cache: {stats.hits} hits, {stats.misses} misses")
+    for name, us in extras.items():
+        print(f"  {name:<45}{us:>8.2f} µs")
     worst = max(r["overhead_vs_launch_us"] for r in rows)
     verdict = "meets" if worst <= TARGET_US else "MISSES"
     print(f"worst overhead over the kernel's own launch: {worst:.2f} µs ({verdict} the {TARGET_US} µs target)")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"python": platform.python_version(), "numpy": np.__version__, "rows": rows}, f, indent=2)
+            doc = {"python": platform.python_version(), "numpy": np.__version__, "rows": rows, "cuda_extras_us": extras}
+            if torch is not None:
+                doc["torch"] = torch.__version__
+                doc["device"] = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+            json.dump(doc, f, indent=2)
     return 0
 
 
