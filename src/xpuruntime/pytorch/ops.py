@@ -63,7 +63,7 @@ def _fused_attention_backward(
         attrs = attrs_for("attention_backward", {"is_causal": is_causal, "scale": scale})
         result = dispatch("attention_backward", inputs, attrs) if inputs is not None else None
         if result is not None:
-            return tuple(t.contiguous() for t in as_tuple(result)[:3])
+            return _unaliased(as_tuple(result)[:3])
     return _attention_grads(dout, query, key, value, out, attn_mask, is_causal, scale)
 
 
@@ -176,7 +176,21 @@ def _routed_layernorm_grads(dy, x, dims, weight, bias, eps):
     if result is None:
         return None
     dx, dw, db = unpack_norm_grads(result, x, dims, 2)
-    return dx, _or_empty(dw if weight is not None else None, x), _or_empty(db if bias is not None else None, x)
+    return _unaliased(
+        (dx, _or_empty(dw if weight is not None else None, x), _or_empty(db if bias is not None else None, x))
+    )
+
+
+def _unaliased(tensors: tuple) -> tuple:
+    """Custom-op outputs must not share memory: gradients packed in one buffer are copied apart."""
+    seen: set[int] = set()
+    result = []
+    for t in tensors:
+        ptr = t.untyped_storage().data_ptr() if t.numel() else None
+        result.append(t.clone() if ptr in seen else t)
+        if ptr is not None:
+            seen.add(ptr)
+    return tuple(result)
 
 
 def _or_empty(t: Tensor | None, like: Tensor) -> Tensor:
