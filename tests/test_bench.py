@@ -150,3 +150,22 @@ def test_cli_only_filter_and_list(row_package, tmp_path, monkeypatch, capsys):
     assert bench.main(["--list"]) == 0
     assert "layer_norm small" in capsys.readouterr().out
     assert bench.main(["--only", "nothing-matches", "--out", str(tmp_path / "p")]) == 1
+
+
+@pytest.mark.gpu
+def test_gpu_timer_times_ours_and_the_anchor_on_the_device(tmp_path):
+    torch = pytest.importorskip("torch")
+    n = 1 << 24
+    x = torch.randn(n, device="cuda")
+    out = torch.empty_like(x)
+
+    def setup():
+        return Setup(lambda: torch.sin(x, out=out), lambda: torch.sin(x), bytes=2 * x.nbytes,
+                     check=lambda: None if torch.allclose(torch.sin(x), out) else "sin differs")  # fmt: skip
+
+    row = Row("sin 16M fp32", "elementwise", setup, target=0.5, units="TB/s")
+    result = bench.run([row], timer=bench.gpu_timer(warmup_ms=5, rep_ms=20), progress=False)[0]
+    assert result.status == "ok", result.message
+    assert 0.3 < result.ours_value < 6.0 and 0.5 < result.ratio < 2.0  # same kernel both ways: ratio near 1
+    bench.write_reports([result], tmp_path)
+    assert "H100" in (tmp_path / "results.md").read_text() or "NVIDIA" in (tmp_path / "results.md").read_text()

@@ -37,8 +37,9 @@ class Setup:
     """What a row's setup returns: the two callables to time and the work one call does.
 
     `anchor_bytes` / `anchor_flops` default to ours (same problem); set them when the anchor does a
-    different amount of work (a plain copy as the bandwidth anchor, say). `check` may return a message
-    when ours computes a wrong result; the runner reports it beside the timing.
+    different amount of work (a plain copy as the bandwidth anchor, say). `check` runs after one call of
+    `ours` and may return a message when ours computed a wrong result; the runner reports it beside the
+    timing.
     """
 
     ours: Callable[[], Any]
@@ -215,6 +216,7 @@ def run_row(row: Row, timer: Timer) -> Result:
         return dataclasses.replace(base, status="skipped", message=reason)
     try:
         setup = row.setup()
+        setup.ours()  # first call: compiles / tunes, and gives `check` a result to look at
         problem = setup.check() if setup.check else None
         ours_ms = float(timer(setup.ours))
         anchor_ms = float(timer(setup.anchor)) if setup.anchor is not None else None
