@@ -1,0 +1,334 @@
+"""The Triton kernels against float64 references, through the dispatcher with the policy naming them.
+
+Random inputs, odd sizes, broadcast, strided and offset views, 0-size dims, outputs poisoned with NaN.
+On a GPU the shapes are full size; without one this module reruns itself under TRITON_INTERPRET=1.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from triton_harness import (
+    DTYPES,
+    INTERPRET,
+    ON_GPU,
+    POLICY_ALL,
+    assert_close,
+    f64,
+    kernel_test,
+    make,
+    poisoned,
+    rerun_under_interpreter,
+    size,
+)  # fmt: skip
+
+import xpuruntime as xrt
+from xpuruntime.ops.elementwise import reference as sin_affine_reference
+from xpuruntime.ops.matmul import reference as matmul_reference
+from xpuruntime.ops.norm import layer_norm_reference, rms_norm_reference
+from xpuruntime.ops.norm_backward import layer_norm_backward_reference, rms_norm_backward_reference
+from xpuruntime.ops.reduction import reference as sum_reference
+from xpuruntime.ops.softmax import reference as softmax_reference
+
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+    return np.random.default_rng()
+
+
+def strict(**prefs: str):
+    return xrt.kernel_policy(strict=True, **prefs)
+
+
+@pytest.mark.skipif(INTERPRET, reason="this is the interpreter run itself")
+@pytest.mark.skipif(ON_GPU, reason="the GPU run tests the compiled kernels; the CPU CI runs the interpreter")
+def test_kernels_under_interpreter() -> None:
+    rerun_under_interpreter(__file__)
+
+
+# -- sin_affine -------------------------------------------------------------------------------------
+
+SIN_CASES = [  # x shape, view of x, a, b  (("t", shape): a random tensor of that shape)
+    (size((4099, 8193), (7, 13)), None, 1.5, -0.3),
+    ((6, 10, 9), lambda t: t[:, ::2, 1:], ("t", (5, 1)), 0.7),
+    ((4, 1), None, ("t", (9,)), ("t", (2, 4, 9))),
+    ((2, 5, 4, 3), None, ("t", (2, 1, 4, 1)), ("t", (5, 1, 3))),
+    ((0, 3), None, 1.0, 2.0),
+    ((5,), None, ("t", ()), ("t", (1,))),
+    ((1,), None, ("t", (3, 4)), 2),
+]
+
+
+@kernel_test
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", range(len(SIN_CASES)))
+def test_sin_affine(rng, case: int, dtype: str) -> None:
+    shape, view, a, b = SIN_CASES[case]
+    x = make(rng, shape, dtype, view)
+    a, b = (make(rng, v[1], dtype) if isinstance(v, tuple) else v for v in (a, b))
+    ref = sin_affine_reference(f64(x), f64(a), f64(b))
+    out = poisoned(ref.shape, dtype)
+    with strict(sin_affine="triton"):
+        result = xrt.ops.sin_affine(x, a, b, out=out)
+        assert_close(result, ref, dtype)
+        assert_close(xrt.ops.sin_affine(x, a, b), ref, dtype)
+
+
+@kernel_test
+def test_sin_affine_in_place(rng) -> None:
+    x = make(rng, (33, 17), "float32")
+    ref = sin_affine_reference(f64(x), 0.5, 0.25)
+    with strict(sin_affine="triton"):
+        xrt.ops.sin_affine(x, 0.5, 0.25, out=x)
+    assert_close(x, ref, "float32")
+
+
+# -- sum --------------------------------------------------------------------------------------------
+
+SUM_CASES = [  # shape, view, axis, keepdims
+    (size((8192, 8192), (7, 13)), None, -1, False),
+    ((7, 13, 5), None, 0, True),
+    ((7, 13, 5), None, 1, False),
+    ((7, 13, 5), None, (0, 1), False),
+    ((7, 13, 5), None, (1, 2), True),
+    ((7, 13, 5), None, (0, 2), False),
+    ((7, 13, 5), None, None, False),
+    ((7, 13, 5), None, (), False),
+    ((3, size(3_000_001, 40_001)), None, -1, False),  # few very long rows: split into partials
+    ((size(1_000_003, 5003), 3), None, 0, True),  # long columns: split
+    ((9, 11, 6), lambda t: t[:, ::2, 1:], 1, False),
+    ((0, 4), None, 0, False),
+    ((4, 0), None, 1, True),
+]
+
+
+@kernel_test
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", range(len(SUM_CASES)))
+def test_sum(rng, case: int, dtype: str) -> None:
+    shape, view, axis, keepdims = SUM_CASES[case]
+    x = make(rng, shape, dtype, view, shift=0.5)
+    ref = sum_reference(f64(x), axis, keepdims)
+    out = poisoned(ref.shape, dtype)
+    with strict(sum="triton"):
+        xrt.ops.sum(x, axis, keepdims, out=out)
+    assert_close(out, ref, dtype, tol=2e-5 if dtype == "float32" else None)
+
+
+# -- softmax ----------------------------------------------------------------------------------------
+
+SOFTMAX_CASES = [  # shape, view, axis
+    (size((4096, 4099), (5, 7, 9)), None, -1),
+    ((5, 7, 9), None, 0),
+    ((5, 7, 9), None, 1),
+    ((3, size(100_003, 20_001)), None, -1),  # longer than one tile: online max/sum pass, then write
+    ((size(100_003, 20_001), 3), None, 0),
+    ((6, 8, 10), lambda t: t[:, ::2, ::3], 1),
+    ((0, 5), None, 1),
+]
+
+
+@kernel_test
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", range(len(SOFTMAX_CASES)))
+def test_softmax(rng, case: int, dtype: str) -> None:
+    shape, view, axis = SOFTMAX_CASES[case]
+    x = make(rng, shape, dtype, view, scale=3.0)
+    ref = softmax_reference(f64(x), axis)
+    out = poisoned(ref.shape, dtype)
+    with strict(softmax="triton"):
+        xrt.ops.softmax(x, axis, out=out)
+    assert_close(out, ref, dtype)
+
+
+@kernel_test
+def test_softmax_row_of_minus_infinity_is_nan_and_strided_out(rng) -> None:
+    x = make(rng, (4, 6), "float32")
+    x[1] = -float("inf")
+    out = poisoned((4, 12), "float32")[:, ::2]
+    with strict(softmax="triton"):
+        xrt.ops.softmax(x, -1, out=out)
+    assert_close(out, softmax_reference(f64(x), -1), "float32")
+
+
+# -- layer_norm / rms_norm, forward and backward ----------------------------------------------------
+
+NORM_CASES = [  # x shape, view, normalized_shape, affine
+    (size((8192, 4096), (5, 7)), None, -1, True),
+    ((3, 4, 9), None, (4, 9), True),
+    ((2, size(70_001, 20_001)), None, -1, True),  # longer than MAX_ONE_PASS: looped kernels
+    ((0, 6), None, -1, True),
+    ((6, 33), None, -1, False),
+    ((6, 40), lambda t: t[:, 3:36], -1, True),  # offset view with a row stride != N
+    ((size(1000, 37), 64), None, -1, True),  # several rows per program
+]
+
+
+def _norm_inputs(rng, case: int, dtype: str):
+    shape, view, ns, affine = NORM_CASES[case]
+    x = make(rng, shape, dtype, view, scale=2.0, shift=0.7)
+    ns = tuple(x.shape[-1:]) if ns == -1 else ns
+    w = make(rng, ns, dtype) if affine else None
+    b = make(rng, ns, dtype) if affine else None
+    return x, ns, w, b
+
+
+@kernel_test
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", range(len(NORM_CASES)))
+def test_layer_norm_and_rms_norm(rng, case: int, dtype: str) -> None:
+    x, ns, w, b = _norm_inputs(rng, case, dtype)
+    ref_ln = layer_norm_reference(f64(x), ns, None if w is None else f64(w), None if b is None else f64(b))
+    ref_rms = rms_norm_reference(f64(x), ns, None if w is None else f64(w), 1e-6)
+    out_ln, out_rms = poisoned(tuple(x.shape), dtype), poisoned(tuple(x.shape), dtype)
+    with strict(layer_norm="triton", rms_norm="triton"):
+        xrt.ops.layer_norm(x, ns, w, b, out=out_ln)
+        xrt.ops.rms_norm(x, ns, w, 1e-6, out=out_rms)
+    assert_close(out_ln, ref_ln, dtype)
+    assert_close(out_rms, ref_rms, dtype)
+
+
+@kernel_test
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", range(len(NORM_CASES)))
+def test_norm_backward(rng, case: int, dtype: str) -> None:
+    x, ns, w, _ = _norm_inputs(rng, case, dtype)
+    dy = make(rng, tuple(x.shape), dtype)
+    wf = None if w is None else f64(w)
+    ref_ln = layer_norm_backward_reference(f64(dy), f64(x), ns, wf, 1e-5)
+    ref_rms = rms_norm_backward_reference(f64(dy), f64(x), ns, wf, 1e-6)
+    packed_ln, packed_rms = poisoned(ref_ln.shape, dtype), poisoned(ref_rms.shape, dtype)
+    with strict(layer_norm_backward="triton", rms_norm_backward="triton"):
+        dx, dw, db = xrt.ops.layer_norm_backward(dy, x, ns, w, 1e-5, out=packed_ln)
+        xrt.ops.rms_norm_backward(dy, x, ns, w, 1e-6, out=packed_rms)
+    m = ref_ln.shape[0] - 2
+    assert_close(packed_ln[:m], ref_ln[:m], dtype)
+    assert_close(packed_ln[m:], ref_ln[m:], dtype)
+    assert_close(packed_rms[:m], ref_rms[:m], dtype)
+    assert_close(packed_rms[m:], ref_rms[m:], dtype)
+    assert tuple(dx.shape) == tuple(x.shape) and tuple(dw.shape) == tuple(ns) and tuple(db.shape) == tuple(ns)
+
+
+@kernel_test
+def test_norm_backward_is_deterministic(rng) -> None:
+    x = make(rng, size((4099, 1024), (37, 24)), "float32")
+    dy, w = make(rng, tuple(x.shape), "float32"), make(rng, tuple(x.shape[-1:]), "float32")
+    with strict(layer_norm_backward="triton"):
+        first = [f64(g) for g in xrt.ops.layer_norm_backward(dy, x, x.shape[-1], w)]
+        second = [f64(g) for g in xrt.ops.layer_norm_backward(dy, x, x.shape[-1], w)]
+    assert all(np.array_equal(a, b) for a, b in zip(first, second))
+
+
+# -- matmul -----------------------------------------------------------------------------------------
+
+MATMUL_CASES = [  # a shape, b shape, transpose a (column-major view)
+    (size((1031, 2053), (17, 33)), size((2053, 771), (33, 19)), False),
+    (size((1024, 4096), (17, 33)), size((4096, 1024), (33, 19)), True),
+    ((2, 17, 20), (20, 9), False),
+    ((3, 1, 5, 16), (2, 16, 7), False),
+    ((33,), (33, 18), False),
+    ((18, 33), (33,), True),
+    ((40,), (40,), False),
+    ((0, 5), (5, 3), False),
+    ((4, 0), (0, 3), False),
+]
+
+
+def _matmul_reference(a, b) -> np.ndarray:
+    if ON_GPU:
+        return (a.double() @ b.double()).cpu().numpy()
+    return matmul_reference(f64(a), f64(b))
+
+
+def _operand(rng, shape: tuple[int, ...], dtype: str, transpose: bool):
+    if transpose and len(shape) == 2:
+        return make(rng, shape[::-1], dtype).swapaxes(0, 1)  # column-major storage
+    return make(rng, shape, dtype)
+
+
+@kernel_test
+@pytest.mark.parametrize("kernel_name", ["triton", "triton_splitk"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", range(len(MATMUL_CASES)))
+def test_matmul(rng, case: int, dtype: str, kernel_name: str) -> None:
+    sa, sb, transpose = MATMUL_CASES[case]
+    a, b = _operand(rng, sa, dtype, transpose), _operand(rng, sb, dtype, False)
+    ref = _matmul_reference(a, b)
+    out = poisoned(ref.shape, dtype)
+    policy = dict(matmul=kernel_name)
+    if kernel_name == "triton_splitk":  # a long-K problem, which is what split-K is for
+        a, b = make(rng, (size(64, 5), size(16384, 300)), dtype), make(rng, (size(16384, 300), size(96, 7)), dtype)
+        ref, out = _matmul_reference(a, b), poisoned((a.shape[0], b.shape[1]), dtype)
+    with strict(**policy):
+        xrt.ops.matmul(a, b, out=out)
+    assert_close(out, ref, dtype, tol=2e-5 if dtype == "float32" else None)
+
+
+@kernel_test
+def test_matmul_split_k_partials_add_up(rng) -> None:
+    """The atomic split-K path directly (the interpreter never tunes, so it never picks a split)."""
+    from xpuruntime.backends.triton import matmul as tm
+
+    a, b = make(rng, (1, 37, size(4099, 200)), "float32"), make(rng, (1, size(4099, 200), 29), "float32")
+    c = poisoned((1, 37, 29), "float32")
+    params = {"precision": "ieee", "fp32": True}
+    at, bt, ct = (tm.as_torch(t) for t in (a, b, c))
+    tm._run(params, at, bt, ct, (16, 16, 16, 4, 1, 4) if INTERPRET else (32, 32, 32, 4, 3, 4))
+    assert_close(c, _matmul_reference(a[0], b[0])[None], "float32", tol=2e-5)
+
+
+@pytest.mark.gpu
+@kernel_test
+def test_matmul_tf32_only_under_math_mode_tf32(rng) -> None:
+    a, b = make(rng, (1024, 4096), "float32"), make(rng, (4096, 512), "float32")
+    ref = _matmul_reference(a, b)
+    with strict(matmul="triton"):
+        assert_close(xrt.ops.matmul(a, b), ref, "float32", tol=2e-5)
+    with xrt.kernel_policy(matmul="triton", strict=True, math_mode="tf32"):
+        out = xrt.ops.matmul(a, b)
+    assert_close(out, ref, "float32", tol=5e-3)
+    assert not np.allclose(f64(out), ref, rtol=0, atol=1e-5 * np.abs(ref).max())  # tf32 really ran
+
+
+GEMV_CASES = [  # a shape, b shape, column-major b
+    (size((16384, 8192), (20, 600)), size((8192,), (600,)), False),  # N == 1, split reduction
+    (size((8192,), (33,)), size((8192, 16384), (33, 18)), False),  # M == 1
+    (size((1, 4096), (1, 50)), size((4096, 4099), (50, 30)), True),  # M == 1, column-major b
+    ((30, 50), (50, 1), False),
+    ((40,), (40,), False),
+    ((0, 7), (7,), False),
+]
+
+
+@kernel_test
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", range(len(GEMV_CASES)))
+def test_gemv(rng, case: int, dtype: str) -> None:
+    sa, sb, col_major = GEMV_CASES[case]
+    a, b = make(rng, sa, dtype), _operand(rng, sb, dtype, col_major)
+    ref = _matmul_reference(a, b)
+    out = poisoned(ref.shape, dtype)
+    with strict(matmul="triton_gemv"):
+        xrt.ops.matmul(a, b, out=out)
+    assert_close(out, ref, dtype, tol=2e-5 if dtype == "float32" else None)
+
+
+# -- everything at once: the policy names every Triton kernel ---------------------------------------
+
+
+@kernel_test
+def test_policy_naming_all_triton_kernels_runs_each_of_them(rng) -> None:
+    x = make(rng, (9, 16), "float32")
+    xrt.enable_dispatch_logging()
+    with strict(**POLICY_ALL, matmul="triton"):
+        xrt.ops.sin_affine(x, 2.0, 1.0)
+        xrt.ops.sum(x)
+        xrt.ops.softmax(x)
+        xrt.ops.layer_norm(x, 16)
+        xrt.ops.rms_norm(x, 16)
+        xrt.ops.layer_norm_backward(x, x, 16)
+        xrt.ops.rms_norm_backward(x, x, 16)
+        xrt.ops.matmul(x, x.T)
+    logs = xrt.get_dispatch_logs()
+    assert {(r.op_name, r.selected_kernel) for r in logs} == {(op, "triton") for op in [*POLICY_ALL, "matmul"]}
+    assert all(r.backend == "triton" for r in logs)
