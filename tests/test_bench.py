@@ -169,3 +169,25 @@ def test_gpu_timer_times_ours_and_the_anchor_on_the_device(tmp_path):
     assert 0.3 < result.ours_value < 6.0 and 0.5 < result.ratio < 2.0  # same kernel both ways: ratio near 1
     bench.write_reports([result], tmp_path)
     assert "H100" in (tmp_path / "results.md").read_text() or "NVIDIA" in (tmp_path / "results.md").read_text()
+
+
+def test_kernel_alternatives_force_each_supported_kernel_and_report_auto_vs_best():
+    import xpuruntime as xrt
+
+    rng = np.random.default_rng()
+    a = rng.standard_normal((33, 17)).astype(np.float32)
+    b = rng.standard_normal((17, 9)).astype(np.float32)
+    alternatives = bench.kernel_alternatives("matmul", lambda: xrt.ops.matmul(a, b), a, b)
+    supported = [c.kernel.name for c in xrt.explain("matmul", a, b, show=False).candidates if c.supported]
+    assert sorted(alternatives) == sorted(supported) and len(alternatives) >= 2
+    xrt.enable_dispatch_logging()
+    for name, fn in alternatives.items():
+        np.testing.assert_allclose(fn(), a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
+        assert xrt.get_dispatch_logs()[-1].selected_kernel == name
+    times = {fn: 1.0 + i for i, fn in enumerate(alternatives.values())}
+    setup, ours, anchor = make_setup(nbytes=100, alternatives=alternatives)
+    times.update({ours: 1.25, anchor: 2.0})
+    result = bench.run_row(Row("mm", "gemm", lambda: setup, target=1.0), fixed_timer(times))
+    assert result.ours_vs_best == pytest.approx(1.0 / 1.25)
+    assert set(result.alternatives_ms) == set(alternatives)
+    assert "auto > 5 % slower" in bench.markdown([result], {})

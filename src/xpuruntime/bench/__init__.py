@@ -24,7 +24,7 @@ import statistics
 import time
 import traceback
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +50,7 @@ class Setup:
     anchor_flops: int | None = None
     check: Callable[[], str | None] | None = None
     note: str = ""
+    alternatives: dict[str, Callable[[], Any]] = field(default_factory=dict)  # from `kernel_alternatives`
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,8 @@ class Result:
     missed_by: float | None = None  # fraction of the target short, e.g. 0.12 = 12 % short
     status: str = "ok"  # ok | skipped | error | wrong
     message: str = ""
+    alternatives_ms: dict[str, float] = field(default_factory=dict)  # each registered kernel, forced by policy
+    ours_vs_best: float | None = None  # fastest alternative's time over ours (>= 0.95: auto picked well)
 
 
 Timer = Callable[[Callable[[], Any]], float]
@@ -208,6 +211,25 @@ def _throughput_ratio(ours_ms: float, anchor_ms: float, ours_work: tuple, anchor
     return anchor_ms / ours_ms * scale if ours_ms > 0 else math.inf
 
 
+def kernel_alternatives(op: str, call: Callable[[], Any], *inputs: Any, **attrs: Any) -> dict[str, Callable[[], Any]]:
+    """One callable per registered kernel that supports this call (`inputs`/`attrs` as for `explain`), each
+    running `call` under a strict policy naming that kernel: put them in `Setup.alternatives` to check
+    that automatic selection is within reach of the fastest kernel."""
+    import xpuruntime as xrt
+
+    explanation = xrt.explain(op, *inputs, show=False, **attrs)
+    names = [c.kernel.name for c in explanation.candidates if c.supported]
+
+    def forced(name: str) -> Callable[[], Any]:
+        def run_forced() -> Any:
+            with xrt.kernel_policy(strict=True, **{op: name}):
+                return call()
+
+        return run_forced
+
+    return {name: forced(name) for name in names}
+
+
 def run_row(row: Row, timer: Timer) -> Result:
     """Set up, check, and time one row; never raises (errors become the row's status)."""
     base = Result(row.name, row.group, row.units, row.target, row.target_kind)
@@ -220,6 +242,7 @@ def run_row(row: Row, timer: Timer) -> Result:
         problem = setup.check() if setup.check else None
         ours_ms = float(timer(setup.ours))
         anchor_ms = float(timer(setup.anchor)) if setup.anchor is not None else None
+        alternatives = {name: float(timer(fn)) for name, fn in setup.alternatives.items()}
     except Exception as exc:
         last = traceback.extract_tb(exc.__traceback__)[-1]
         where = f" ({Path(last.filename).name}:{last.lineno})"
@@ -227,6 +250,9 @@ def run_row(row: Row, timer: Timer) -> Result:
     finally:
         _release_memory()
     result = evaluate(row, setup, ours_ms, anchor_ms)
+    if alternatives:
+        result.alternatives_ms = alternatives
+        result.ours_vs_best = min(alternatives.values()) / ours_ms if ours_ms > 0 else None
     if problem:
         result.status, result.message = "wrong", problem
     elif setup.note:
@@ -303,19 +329,29 @@ def _verdict(r: Result) -> str:
     return "met" if r.met else f"missed by {r.missed_by * 100:.1f} %"
 
 
+def _best_text(r: Result) -> str:
+    """'0.98 (triton)': the fastest registered kernel's time over ours, flagged when auto is > 5 % slower."""
+    if r.ours_vs_best is None:
+        return "—"
+    best = min(r.alternatives_ms, key=r.alternatives_ms.get)
+    flag = "" if r.ours_vs_best >= 0.95 else " ⚠ auto > 5 % slower"
+    return f"{r.ours_vs_best:.3f} ({best}){flag}"
+
+
 def markdown(results: Sequence[Result], env: dict[str, Any]) -> str:
     """A markdown table: ours, anchor (in the row's units), ratio, target, met or by how much missed."""
     head = (f"Device: {env.get('device')}; torch {env.get('torch')}, triton {env.get('triton')}; "
             f"{env.get('time_utc')}. Ratio = ours over anchor throughput (> 1: ours faster).\n\n")  # fmt: skip
     lines = [
-        "| group | row | ours | anchor | units | ours ms | anchor ms | ratio | target | verdict |",
-        "|---|---|---:|---:|---|---:|---:|---:|---|---|",
+        "| group | row | ours | anchor | units | ours ms | anchor ms | ratio | target | verdict | best kernel / ours |",
+        "|---|---|---:|---:|---|---:|---:|---:|---|---|---|",
     ]
     for r in results:
         verdict = _verdict(r).replace("|", "\\|").replace("\n", " ")
         lines.append(
             f"| {r.group} | {r.name} | {_fmt(r.ours_value)} | {_fmt(r.anchor_value)} | {r.units} | "
-            f"{_fmt(r.ours_ms, 4)} | {_fmt(r.anchor_ms, 4)} | {_fmt(r.ratio)} | {_target_text(r)} | {verdict} |"
+            f"{_fmt(r.ours_ms, 4)} | {_fmt(r.anchor_ms, 4)} | {_fmt(r.ratio)} | {_target_text(r)} | {verdict} | "
+            f"{_best_text(r)} |"
         )
     return head + "\n".join(lines) + "\n"
 
@@ -404,5 +440,6 @@ def _target_fields(row: Row) -> dict:
             "target_kind": row.target_kind}  # fmt: skip
 
 
-__all__ = ["Result", "Row", "Setup", "default_timer", "discover", "evaluate", "gpu_timer", "host_timer", "main",
+__all__ = ["Result", "Row", "Setup", "default_timer", "discover", "evaluate", "gpu_timer", "host_timer",
+           "kernel_alternatives", "main",
            "markdown", "run", "run_row", "select", "write_reports"]  # fmt: skip
