@@ -1,0 +1,1 @@
+"""Graph IR and optimization passes for the inference front end."""

@@ -1,0 +1,81 @@
+"""Graph optimization passes and the pipeline that runs them at a graph optimization level.
+
+Each pass is a function `(graph, ctx) -> number of changes` in its own module; it edits the graph in
+place and must never change what the graph computes. Levels (as onnxruntime's): 0 disabled (shape
+inference only), 1 basic (folding, CSE, cleanups, dead nodes), 2 extended (+ pattern fusion into
+registered ops: GELU, layer norm, attention, linear), 99 all (+ elementwise fusion).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..ir import Graph
+from . import (
+    attention_fusion,
+    constant_folding,
+    cse,
+    dead_code,
+    elementwise_fusion,
+    gelu_fusion,
+    layer_norm_fusion,
+    layout_cleanup,
+    linear_fusion,
+    shape_inference,
+)  # fmt: skip
+
+
+@dataclass
+class PassContext:
+    """What passes may consult: which xrt ops exist (a fusion into a missing op is skipped)."""
+
+    available_ops: frozenset[str]
+
+    def has_op(self, name: str) -> bool:
+        return name in self.available_ops
+
+
+@dataclass(frozen=True)
+class PassRecord:
+    name: str
+    before: int
+    after: int
+    changes: int
+
+
+Pass = Callable[[Graph, PassContext], int]
+BASIC, EXTENDED, ALL = 1, 2, 99
+PIPELINE: tuple[tuple[int, str, Pass], ...] = (
+    (0, "shape_inference", shape_inference.run),
+    (BASIC, "constant_folding", constant_folding.run),
+    (BASIC, "layout_cleanup", layout_cleanup.run),
+    (BASIC, "cse", cse.run),
+    (BASIC, "dead_code", dead_code.run),
+    (EXTENDED, "gelu_fusion", gelu_fusion.run),
+    (EXTENDED, "layer_norm_fusion", layer_norm_fusion.run),
+    (EXTENDED, "attention_fusion", attention_fusion.run),
+    (EXTENDED, "linear_fusion", linear_fusion.run),
+    (ALL, "elementwise_fusion", elementwise_fusion.run),
+    (BASIC, "dead_code", dead_code.run),
+)
+
+
+def optimize(graph: Graph, level: int, dispatcher: Any = None) -> tuple[Graph, list[PassRecord]]:
+    """A copy of `graph` with every pass up to `level` applied, and what each pass did."""
+    if dispatcher is None:
+        from ...dispatch import default_dispatcher
+
+        dispatcher = default_dispatcher()
+    ctx = PassContext(frozenset(dispatcher.registry.ops))
+    work = graph.copy()
+    records = []
+    for pass_level, name, fn in PIPELINE:
+        if int(level) < pass_level:
+            continue
+        before = len(work.nodes)
+        changes = fn(work, ctx)
+        work.verify()
+        records.append(PassRecord(name, before, len(work.nodes), changes))
+    return work, records

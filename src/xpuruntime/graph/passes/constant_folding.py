@@ -1,0 +1,92 @@
+"""Constant folding: nodes whose inputs are all constants become constants, and so do Shape nodes
+(and Gathers from them) over dims that shape inference knows. Large results are not folded."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..ir import Graph, Node
+
+if TYPE_CHECKING:
+    from . import PassContext
+
+MAX_FOLDED_ELEMENTS = 1 << 20
+
+
+def _evaluate(graph: Graph, node: Node) -> list[np.ndarray] | None:
+    from ...onnx.opmap import OPS
+
+    builder = OPS.get(node.op)
+    if builder is None or node.domain:
+        return None
+    args = [graph.constant(n) if n else None for n in node.inputs]
+    try:
+        with np.errstate(all="ignore"):
+            result = builder(node, graph.opset)(*args)
+    except Exception:  # leave it to run time, where the error names the node
+        return None
+    results = list(result) if isinstance(result, tuple | list) else [result]
+    arrays = [np.array(r) for r in results[: len(node.outputs)]]  # owned, writable copies
+    return arrays if all(a.size <= MAX_FOLDED_ELEMENTS for a in arrays) else None
+
+
+def _known_shape(graph: Graph, node: Node) -> np.ndarray | None:
+    """Shape(x) when x's dims (within start:end) are all fixed ints."""
+    shape = graph.value(node.inputs[0]).shape
+    if shape is None:
+        return None
+    dims = shape[node.attrs.get("start", 0) : node.attrs.get("end")]
+    if not all(isinstance(d, int) for d in dims):
+        return None
+    return np.array(dims, np.int64)
+
+
+def _gather_of_shape(graph: Graph, node: Node, producers: dict) -> np.ndarray | None:
+    """Gather(Shape(x), const indices) when the gathered dims are fixed ints."""
+    source = producers.get(node.inputs[0])
+    indices = graph.constant(node.inputs[1]) if len(node.inputs) > 1 else None
+    if source is None or source.op != "Shape" or indices is None or indices.dtype.kind not in "iu":
+        return None
+    shape = graph.value(source.inputs[0]).shape
+    if shape is None:
+        return None
+    dims = list(shape[source.attrs.get("start", 0) : source.attrs.get("end")])
+    try:
+        picked = np.asarray(dims, dtype=object)[indices]
+    except IndexError:
+        return None
+    flat = list(np.asarray(picked).reshape(-1))
+    if not all(isinstance(d, int) for d in flat):
+        return None
+    return np.asarray(picked.astype(np.int64))
+
+
+def run(graph: Graph, ctx: PassContext) -> int:
+    changes = 0
+    producers = graph.producers()
+    kept = []
+    for node in graph.nodes:
+        if node.domain:
+            kept.append(node)
+            continue
+        if all(not n or graph.constant(n) is not None for n in node.inputs):
+            results = _evaluate(graph, node)
+        elif node.op == "Shape":
+            shape = _known_shape(graph, node)
+            results = None if shape is None else [shape]
+        elif node.op == "Gather":
+            picked = _gather_of_shape(graph, node, producers)
+            results = None if picked is None else [picked]
+        else:
+            results = None
+        if results is None or len(results) != len([o for o in node.outputs if o]):
+            kept.append(node)
+            continue
+        for name, array in zip(node.outputs, results):
+            graph.initializers[name] = array
+            graph.values.pop(name, None)
+        changes += 1
+    graph.nodes = kept
+    return changes

@@ -1,0 +1,123 @@
+"""Removal of needless data movement: Identity nodes, Casts to the same dtype, Reshapes to the shape a
+value already has, Reshape chains, Transpose pairs that cancel or compose, Unsqueeze+Squeeze pairs,
+and the Reshape(to 2-D) -> MatMul -> Reshape(back) sandwich exporters put around matmuls."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..ir import Graph, Node
+from .util import int_list, only_consumer, remove, replace_uses
+
+if TYPE_CHECKING:
+    from . import PassContext
+
+
+def _same_shape(a: tuple | None, b: tuple | None) -> bool:
+    return a is not None and b is not None and len(a) == len(b) and all(x == y and x is not None for x, y in zip(a, b))
+
+
+def _forward(graph: Graph, node: Node) -> bool:
+    """Make `node` a no-op: readers of its output read its input instead."""
+    return replace_uses(graph, node.outputs[0], node.inputs[0])
+
+
+def _is_noop(graph: Graph, node: Node) -> bool:
+    if node.op == "Identity":
+        return True
+    if node.op == "Cast":
+        return graph.value(node.inputs[0]).dtype == node.attrs.get("to")
+    if node.op in ("Reshape", "Squeeze", "Unsqueeze", "Flatten", "Expand"):
+        return node.op != "Expand" and _same_shape(
+            graph.value(node.inputs[0]).shape, graph.value(node.outputs[0]).shape
+        )
+    if node.op == "Transpose":
+        perm = node.attrs.get("perm")
+        return perm is not None and list(perm) == list(range(len(perm)))
+    return False
+
+
+def _merge_pair(graph: Graph, node: Node, consumers: dict) -> bool:
+    """Fold `node` into its single consumer when the two compose into one (or none)."""
+    user = only_consumer(graph, consumers, node.outputs[0])
+    if user is None or user.inputs[:1] != [node.outputs[0]]:
+        return False
+    if node.op == "Reshape" == user.op:
+        target = int_list(graph, user.inputs[1])
+        if target is None or (0 in target and not user.attrs.get("allowzero", 0)):
+            return False
+        user.inputs[0] = node.inputs[0]
+        return True
+    if node.op == "Transpose" == user.op and node.attrs.get("perm") and user.attrs.get("perm"):
+        p1, p2 = list(node.attrs["perm"]), list(user.attrs["perm"])
+        user.attrs["perm"] = [p1[i] for i in p2]
+        user.inputs[0] = node.inputs[0]
+        return True
+    if node.op == "Unsqueeze" and user.op == "Squeeze" and len(node.inputs) > 1 and len(user.inputs) > 1:
+        a, b = int_list(graph, node.inputs[1]), int_list(graph, user.inputs[1])
+        if a is not None and a == b and all(x >= 0 for x in a):
+            user.op, user.inputs, user.attrs = "Identity", [node.inputs[0]], {}
+            return True
+    return False
+
+
+def _matmul_sandwich(graph: Graph, node: Node, consumers: dict, producers: dict) -> bool:
+    """Reshape(x: [..., K] -> [M, K]) -> MatMul(W: [K, N]) -> Reshape(-> [..., N]): MatMul(x, W)."""
+    if node.op != "MatMul":
+        return False
+    first = producers.get(node.inputs[0])
+    weight = graph.constant(node.inputs[1])
+    last = only_consumer(graph, consumers, node.outputs[0])
+    if (
+        first is None
+        or first.op != "Reshape"
+        or weight is None
+        or weight.ndim != 2
+        or last is None
+        or last.op != "Reshape"
+    ):
+        return False
+    x_shape, out_shape = graph.value(first.inputs[0]).shape, graph.value(last.outputs[0]).shape
+    if x_shape is None or out_shape is None or len(x_shape) != len(out_shape) or len(x_shape) < 2:
+        return False
+    if not (_same_shape(x_shape[:-1], out_shape[:-1]) or (x_shape[:-1] == out_shape[:-1] and None not in x_shape)):
+        return False
+    if x_shape[-1] != weight.shape[0] or out_shape[-1] != weight.shape[1]:
+        return False
+    if len(consumers.get(first.outputs[0], [])) != 1:
+        return False
+    node.inputs[0] = first.inputs[0]
+    node.outputs[0], last.outputs[0] = last.outputs[0], node.outputs[0]
+    last.op, last.inputs, last.attrs = "Identity", [node.outputs[0]], {}
+    remove(graph, [last])
+    return True
+
+
+def _merged(graph: Graph, node: Node, consumers: dict, producers: dict) -> bool:
+    if node.op in ("Reshape", "Transpose", "Unsqueeze") and _merge_pair(graph, node, consumers):
+        return True
+    return _matmul_sandwich(graph, node, consumers, producers)
+
+
+def run(graph: Graph, ctx: PassContext) -> int:
+    changes = 0
+    progress = True
+    while progress:
+        progress = False
+        consumers, producers = graph.consumers(), graph.producers()
+        for node in list(graph.nodes):
+            if node.domain or not node.inputs:
+                continue
+            if _is_noop(graph, node) and _forward(graph, node):
+                remove(graph, [node])
+            elif not _merged(graph, node, consumers, producers):
+                continue
+            changes += 1
+            progress = True
+            break
+    return changes
+
+
+__all__ = ["np", "run"]

@@ -1,0 +1,315 @@
+"""Execution plans: one per input signature, made by running the graph once and recording each step.
+
+While planning, values computed only from constants and input shapes (the Shape -> Gather -> Concat
+chains exporters emit) are evaluated once and kept as constants of the plan; every other node becomes
+a step. A step is either a kernel launch with a Plan from the dispatcher (chosen once, here, by the
+selector under the session's policy) or a NumPy function of the op map. After the planning run, the
+outputs of kernel steps whose lifetimes do not overlap share buffers (memory reuse), and those buffers
+are kept from run to run. Graph outputs always get fresh memory.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..abi import ArgPack
+from ..dispatch import Dispatcher
+from ..errors import XpuRuntimeError
+from ..graph.ir import Graph, Node
+from .errors import NodeExecutionError
+from .lowering import XRT_DOMAIN, lower
+from .opmap import OPS
+
+ALWAYS_STATIC = frozenset({"Shape", "Size"})  # their outputs depend only on the input signature
+
+
+@dataclass
+class Step:
+    """One node's work in a plan: `run(env)` reads its input slots and writes its output slots."""
+
+    node: Node
+    kind: str  # "kernel" or "numpy"
+    inputs: tuple[int, ...]
+    outputs: tuple[int, ...]
+    plan: Any = None  # the dispatcher's Plan for kernel steps
+    fn: Callable | None = None  # the op-map function for numpy steps
+    note: str = ""  # why a node with an xrt lowering runs as NumPy
+    buffer: Any = None  # the reused output buffer of a kernel step (None: allocate per run)
+    run: Callable[[list], None] = field(default=lambda env: None, repr=False)
+
+    def describe(self) -> str:
+        if self.kind == "kernel":
+            k = self.plan.kernel
+            return f"{k.op}/{k.name} [{k.backend}] ({self.plan.reason})"
+        return "numpy op map" + (f" ({self.note})" if self.note else "")
+
+
+@dataclass
+class ExecutionPlan:
+    """Steps, constant slots and buffer assignment for one input signature."""
+
+    slots: dict[str, int]
+    template: list
+    steps: list[Step]
+    input_slots: list[int]
+    output_slots: list[int]
+    folded: int = 0  # nodes evaluated once while planning (shape chains)
+    reused_buffers: int = 0
+    profile: list[tuple[str, float]] = field(default_factory=list)
+
+    def run(self, feeds: list[np.ndarray], profiling: bool = False) -> list[Any]:
+        env = self.template.copy()
+        for slot, array in zip(self.input_slots, feeds):
+            env[slot] = array
+        steps = self.steps
+        index = 0
+        try:
+            if profiling:
+                for index, step in enumerate(steps):  # noqa: B007 (index names the failing step)
+                    start = time.perf_counter_ns()
+                    step.run(env)
+                    self.profile.append((step.node.name, (time.perf_counter_ns() - start) / 1000.0))
+            else:
+                for index, step in enumerate(steps):  # noqa: B007 (index names the failing step)
+                    step.run(env)
+        except XpuRuntimeError as exc:
+            raise NodeExecutionError(_failure(steps[index], env, exc)) from exc
+        except Exception as exc:
+            raise NodeExecutionError(_failure(steps[index], env, exc)) from exc
+        return [_output(env[slot]) for slot in self.output_slots]
+
+
+def _output(value: Any) -> Any:
+    if isinstance(value, np.ndarray) and (not value.flags.writeable or value.base is not None):
+        return np.array(value)  # broadcast views, constants, views of internal buffers: the caller owns a copy
+    if not isinstance(value, np.ndarray) and type(value).__module__ == "numpy":
+        return np.asarray(value)
+    return value
+
+
+def _failure(step: Step, env: list, exc: BaseException) -> str:
+    shapes = ", ".join(
+        f"{getattr(env[i], 'dtype', '?')}{list(getattr(env[i], 'shape', ()))}" if env[i] is not None else "None"
+        for i in step.inputs
+    )
+    return f"{step.node.describe()} failed on inputs ({shapes}): {type(exc).__name__}: {exc}"
+
+
+class Planner:
+    """Builds an ExecutionPlan for one input signature by running the graph once."""
+
+    def __init__(self, graph: Graph, dispatcher: Dispatcher, fns: dict[int, Callable], reuse_memory: bool = True):
+        self.graph = graph
+        self.dispatcher = dispatcher
+        self.fns = fns  # id(node) -> op-map function (built once per session)
+        self.reuse_memory = reuse_memory
+
+    def build(self, feeds: dict[str, np.ndarray]) -> tuple[ExecutionPlan, list[Any]]:
+        graph = self.graph
+        slots: dict[str, int] = {"": 0}
+        values: list[Any] = [None]
+        static: set[int] = {0}
+
+        def slot(name: str) -> int:
+            if name not in slots:
+                slots[name] = len(values)
+                values.append(None)
+            return slots[name]
+
+        for name, array in graph.initializers.items():
+            static.add(slot(name))
+            values[slots[name]] = array
+        input_slots = [slot(v.name) for v in graph.inputs]
+        for v, s in zip(graph.inputs, input_slots):
+            values[s] = feeds[v.name]
+        steps: list[Step] = []
+        folded = 0
+        for node in graph.nodes:
+            ins = tuple(slot(n) for n in node.inputs)
+            outs = tuple(slot(n) for n in node.outputs)
+            args = [values[i] for i in ins]
+            is_static = (node.op in ALWAYS_STATIC and not node.domain) or all(i in static for i in ins)
+            if is_static and node.domain != XRT_DOMAIN:
+                try:
+                    results = self._call_numpy(node, args)
+                except Exception as exc:
+                    raise NodeExecutionError(_failure(Step(node, "numpy", ins, outs), values, exc)) from exc
+                for s, r in zip(outs, results):
+                    values[s] = r
+                    static.add(s)
+                folded += 1
+                continue
+            step = self._make_step(node, ins, outs, args, values)
+            steps.append(step)
+            step.run(values)
+        output_slots = [slots[v.name] if v.name in slots else slot(v.name) for v in graph.outputs]
+        template: list[Any] = [values[i] if i in static else None for i in range(len(values))]
+        plan = ExecutionPlan(slots, template, steps, input_slots, output_slots, folded)
+        if self.reuse_memory:
+            plan.reused_buffers = _assign_buffers(plan, values, set(output_slots) | set(input_slots))
+        outputs = [_output(values[s]) for s in output_slots]
+        return plan, outputs
+
+    # -- steps -------------------------------------------------------------------------------
+    def _call_numpy(self, node: Node, args: list) -> tuple:
+        fn = self.fns.get(id(node))
+        if fn is None:
+            fn = self.fns[id(node)] = OPS[node.op](node, self.graph.opset)
+        result = fn(*args)
+        return _as_outputs(node, result)
+
+    def _make_step(self, node: Node, ins: tuple, outs: tuple, args: list, values: list) -> Step:
+        note = ""
+        lowered = None
+        try:
+            lowered = lower(node, args, self.graph.opset)
+        except Exception as exc:  # a lowering that cannot read its arguments means "use the op map"
+            note = f"no xrt lowering: {type(exc).__name__}: {exc}"
+        if lowered is not None:
+            op, positions, attrs = lowered
+            try:
+                plan = self.dispatcher.plan(op, *[None if p is None else args[p] for p in positions], **attrs)
+                arity = len(self.dispatcher.registry.op(op).inputs)
+                return _kernel_step(node, [0 if p is None else ins[p] for p in positions], outs, plan, arity)
+            except XpuRuntimeError as exc:
+                if node.domain == XRT_DOMAIN:
+                    return _reference_step(node, ins, outs, self.dispatcher, f"no kernel: {exc}")
+                note = f"{op} cannot run it: {type(exc).__name__}: {str(exc)[:200]}"
+        if node.domain == XRT_DOMAIN:
+            return _reference_step(node, ins, outs, self.dispatcher, note or "no lowering")
+        fn = self.fns.get(id(node))
+        if fn is None:
+            fn = self.fns[id(node)] = OPS[node.op](node, self.graph.opset)
+        return _numpy_step(node, ins, outs, fn, note)
+
+
+def _as_outputs(node: Node, result: Any) -> tuple:
+    results = tuple(result) if isinstance(result, tuple | list) else (result,)
+    return tuple(r if isinstance(r, np.ndarray) else np.asarray(r) for r in results)[: len(node.outputs)]
+
+
+def _numpy_step(node: Node, ins: tuple, outs: tuple, fn: Callable, note: str) -> Step:
+    step = Step(node, "numpy", ins, outs, fn=fn, note=note)
+    if len(outs) == 1:
+        (o,) = outs
+        wrap = np.asarray
+
+        if len(ins) == 1:
+            (a,) = ins
+
+            def run(env: list) -> None:
+                env[o] = wrap(fn(env[a]))
+
+        elif len(ins) == 2:
+            a, b = ins
+
+            def run(env: list) -> None:
+                env[o] = wrap(fn(env[a], env[b]))
+
+        else:
+
+            def run(env: list) -> None:
+                env[o] = wrap(fn(*[env[i] for i in ins]))
+
+    else:
+
+        def run(env: list) -> None:
+            for s, r in zip(outs, _as_outputs(node, fn(*[env[i] for i in ins]))):
+                env[s] = r
+
+    step.run = run
+    return step
+
+
+def _kernel_step(node: Node, ins: list[int], outs: tuple, plan: Any, arity: int) -> Step:
+    step = Step(node, "kernel", tuple(ins), outs, plan=plan)
+    padded = (*ins, *(0,) * (arity - len(ins)))  # slot 0 always holds None: optional inputs left out
+    (o,) = outs[:1]
+    launch, attrs, config = plan.launch, plan.attrs, plan.config
+    allocate, finish, current_stream = plan.allocate, plan.finish, plan.current_stream
+    workspace_bytes = plan.workspace_bytes
+
+    def run(env: list) -> None:
+        stream = None if current_stream is None else current_stream(plan.device)
+        out = step.buffer if step.buffer is not None else allocate(stream)
+        workspace = None
+        if workspace_bytes:
+            workspace = plan.empty((workspace_bytes,), "uint8", plan.device, stream)
+        launch(ArgPack(tuple([env[i] for i in padded]), out, attrs, config, workspace, stream))
+        if finish is not None:
+            finish(stream)
+        env[o] = out
+
+    step.run = run
+    return step
+
+
+def _reference_step(node: Node, ins: tuple, outs: tuple, dispatcher: Dispatcher, note: str) -> Step:
+    """An xrt node no kernel can run: the op's float64 reference, rounded to the input's dtype."""
+    schema = dispatcher.registry.op(node.op)
+    attrs = dict(node.attrs)
+    (o,) = outs[:1]
+
+    def run(env: list) -> None:
+        args = [env[i] for i in ins]
+        first = next(a for a in args if a is not None)
+        dtype = attrs.get("dtype", first.dtype)
+        env[o] = np.asarray(schema.reference(*args, **attrs)).astype(dtype)
+
+    step = Step(node, "numpy", ins, outs, note=f"float64 reference; {note}"[:300])
+    step.run = run
+    return step
+
+
+def _assign_buffers(plan: ExecutionPlan, values: list, pinned: set[int]) -> int:
+    """Share output buffers between kernel steps whose values (and every view of them) are dead.
+
+    Views are found by memory overlap on the planning run: a NumPy step's output that overlaps a kernel
+    output keeps that buffer alive. Buffers feeding graph outputs are never shared."""
+    steps = plan.steps
+    last_use: dict[int, int] = {}
+    for index, step in enumerate(steps):
+        for i in step.inputs:
+            last_use[i] = index
+    kernel_outs = {step.outputs[0]: index for index, step in enumerate(steps) if step.kind == "kernel"}
+    produced_by_numpy = [s for step in steps if step.kind == "numpy" for s in step.outputs]
+    end: dict[int, float] = {}
+    for slot, index in kernel_outs.items():
+        array = values[slot]
+        if not isinstance(array, np.ndarray) or slot in pinned:
+            continue
+        aliases = [
+            s for s in produced_by_numpy if isinstance(values[s], np.ndarray) and np.may_share_memory(values[s], array)
+        ]
+        if any(s in pinned for s in aliases):
+            continue
+        end[slot] = max([last_use.get(slot, index), *(last_use.get(s, float("inf")) for s in aliases)])
+    free: dict[tuple, list[np.ndarray]] = {}
+    releasing: list[tuple[float, int, tuple, np.ndarray]] = []
+    reused = 0
+    for index, step in enumerate(steps):
+        still = []
+        for item in releasing:
+            if item[0] < index:
+                free.setdefault(item[2], []).append(item[3])
+            else:
+                still.append(item)
+        releasing = still
+        slot = step.outputs[0] if step.kind == "kernel" else None
+        if slot not in end:
+            continue
+        key = (values[slot].shape, values[slot].dtype)
+        pool = free.get(key)
+        if pool:
+            buffer = pool.pop()
+            reused += 1
+        else:
+            buffer = values[slot]  # the planning run's array becomes this step's buffer
+        step.buffer = buffer
+        releasing.append((end[slot], slot, key, buffer))
+    return reused

@@ -1,0 +1,208 @@
+"""ONNX model (path, bytes or ModelProto) -> graph IR, with every load-time check in one place.
+
+A model that cannot be parsed raises ModelLoadError; one using ops, domains, opsets or dtypes the
+session cannot run raises UnsupportedModelError listing all of them at once; a broken graph (cycle,
+dangling input, value defined twice) raises GraphError naming the node.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from ..graph.ir import Dim, Graph, Node, Value
+from .errors import ModelLoadError, UnsupportedModelError
+from .opmap import SUPPORTED
+
+MIN_OPSET = 1
+DEFAULT_DOMAINS = ("", "ai.onnx")
+SUPPORTED_DTYPES = frozenset({
+    "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+    "float16", "float32", "float64",
+})  # fmt: skip
+
+
+def load_model(source: Any) -> onnx.ModelProto:
+    """Parse a path, bytes or ModelProto; ModelLoadError for anything that is not a readable model."""
+    if isinstance(source, onnx.ModelProto):
+        return source
+    if isinstance(source, bytes | bytearray | memoryview):
+        data, what = bytes(source), "model bytes"
+    elif isinstance(source, str | os.PathLike):
+        try:
+            with open(source, "rb") as f:
+                data = f.read()
+        except OSError as exc:
+            raise ModelLoadError(f"cannot read ONNX model file '{source}': {exc.strerror or exc}") from None
+        what = f"ONNX model file '{source}'"
+    else:
+        raise ModelLoadError(f"expected a path, bytes or onnx.ModelProto, got {type(source).__name__}")
+    if not data:
+        raise ModelLoadError(f"{what} is empty")
+    try:
+        model = onnx.load_from_string(data)
+    except Exception as exc:  # protobuf raises DecodeError and friends
+        raise ModelLoadError(f"{what} is not a valid ONNX model (truncated or corrupt?): {exc}") from None
+    if not model.HasField("graph"):
+        raise ModelLoadError(f"{what} has no graph (not an ONNX model?)")
+    return model
+
+
+def dtype_name(elem_type: int) -> str:
+    """ONNX TensorProto element type -> NumPy dtype name ('bfloat16', 'string', ... for the unsupported)."""
+    try:
+        return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type)).name
+    except Exception:
+        return (
+            onnx.TensorProto.DataType.Name(elem_type).lower()
+            if elem_type in onnx.TensorProto.DataType.values()
+            else f"type#{elem_type}"
+        )
+
+
+def _value(info: onnx.ValueInfoProto) -> Value:
+    t = info.type
+    if not t.HasField("tensor_type"):
+        return Value(info.name, f"non-tensor ({t.WhichOneof('value') or 'unknown'})", None)
+    tensor = t.tensor_type
+    dtype = dtype_name(tensor.elem_type) if tensor.elem_type else None
+    shape: tuple[Dim, ...] | None = None
+    if tensor.HasField("shape"):
+        dims: list[Dim] = []
+        for d in tensor.shape.dim:
+            if d.HasField("dim_value"):
+                dims.append(int(d.dim_value))
+            elif d.HasField("dim_param") and d.dim_param:
+                dims.append(d.dim_param)
+            else:
+                dims.append(None)
+        shape = tuple(dims)
+    return Value(info.name, dtype, shape)
+
+
+def _attribute(attr: onnx.AttributeProto) -> Any:
+    value = helper.get_attribute_value(attr)
+    if attr.type == onnx.AttributeProto.TENSOR:
+        return numpy_helper.to_array(value)
+    if attr.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS):
+        return "<subgraph>"
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, list):
+        return [v.decode("utf-8", "replace") if isinstance(v, bytes) else v for v in value]
+    return value
+
+
+def _constant_value(node: Node) -> np.ndarray:
+    """The array a Constant node defines."""
+    attrs = node.attrs
+    if "value" in attrs:
+        return np.asarray(attrs["value"])
+    for key, dtype in (("value_float", np.float32), ("value_floats", np.float32), ("value_int", np.int64),
+                       ("value_ints", np.int64)):  # fmt: skip
+        if key in attrs:
+            return np.asarray(attrs[key], dtype)
+    raise UnsupportedModelError(f"{node.describe()}: Constant with attributes {sorted(attrs)} is not supported")
+
+
+def _tensor(init: onnx.TensorProto, base_dir: str | None) -> np.ndarray:
+    try:
+        if init.data_location == onnx.TensorProto.EXTERNAL:
+            if base_dir is None:
+                raise ModelLoadError(f"initializer '{init.name}' uses external data; load the model from its path")
+            onnx.external_data_helper.load_external_data_for_tensor(init, base_dir)
+        array = numpy_helper.to_array(init)
+    except ModelLoadError:
+        raise
+    except Exception as exc:
+        raise ModelLoadError(f"initializer '{init.name}' cannot be read: {exc}") from None
+    if array.dtype.name not in SUPPORTED_DTYPES:
+        raise UnsupportedModelError(f"initializer '{init.name}' has dtype {array.dtype.name}, which is not supported")
+    return array
+
+
+def opset_of(model: onnx.ModelProto) -> int:
+    versions = [o.version for o in model.opset_import if o.domain in DEFAULT_DOMAINS]
+    if not versions:
+        raise UnsupportedModelError("the model imports no default-domain opset ('' / 'ai.onnx')")
+    return max(versions)
+
+
+def import_model(model: onnx.ModelProto, base_dir: str | None = None) -> Graph:
+    """Build the graph IR of `model`; raises the load-time errors described in the module docstring."""
+    opset = opset_of(model)
+    if opset < MIN_OPSET:
+        raise UnsupportedModelError(f"opset {opset} is too old; the session supports opset {MIN_OPSET} and newer")
+    g = model.graph
+    initializers = {init.name: _tensor(init, base_dir) for init in g.initializer}
+    inputs = [_value(v) for v in g.input if v.name not in initializers]
+    outputs = [_value(v) for v in g.output]
+    if not outputs:
+        raise ModelLoadError("the model's graph has no outputs")
+    values = {v.name: _value(v) for v in g.value_info}
+    nodes: list[Node] = []
+    for index, proto in enumerate(g.node):
+        try:
+            attrs = {a.name: _attribute(a) for a in proto.attribute}
+        except Exception as exc:
+            raise ModelLoadError(
+                f"node {index} ('{proto.name}', {proto.op_type}): unreadable attribute: {exc}"
+            ) from None
+        name = proto.name or f"{proto.op_type}_{index}"
+        domain = "" if proto.domain in DEFAULT_DOMAINS else proto.domain
+        node = Node(proto.op_type, list(proto.input), list(proto.output), attrs, name, domain)
+        if not node.outputs:
+            raise ModelLoadError(f"{node.describe()} has no outputs")
+        nodes.append(node)
+    _check_supported(nodes, inputs, outputs)
+    graph = Graph([], inputs, outputs, initializers, values, opset, g.name or "graph")
+    for node in nodes:
+        if node.op == "Constant" and not node.domain:
+            if len(node.outputs) != 1 or node.outputs[0] in graph.initializers:
+                raise ModelLoadError(f"{node.describe()}: a Constant must define exactly one new value")
+            graph.initializers[node.outputs[0]] = _checked_constant(node)
+        else:
+            graph.nodes.append(node)
+    graph.verify()
+    return graph
+
+
+def _checked_constant(node: Node) -> np.ndarray:
+    array = _constant_value(node)
+    if array.dtype.name not in SUPPORTED_DTYPES:
+        raise UnsupportedModelError(f"{node.describe()}: constant dtype {array.dtype.name} is not supported")
+    return array
+
+
+def _check_supported(nodes: list[Node], inputs: list[Value], outputs: list[Value]) -> None:
+    """Collect every unsupported op, domain and dtype, then raise once listing them all."""
+    problems: dict[str, list[str]] = {}
+    for node in nodes:
+        if node.domain:
+            problems.setdefault(f"{node.domain}.{node.op} (domain '{node.domain}')", []).append(node.name)
+        elif node.op not in SUPPORTED:
+            problems.setdefault(node.op, []).append(node.name)
+        elif node.op == "Cast" and dtype_name(int(node.attrs.get("to", 0))) not in SUPPORTED_DTYPES:
+            problems.setdefault(f"Cast to {dtype_name(int(node.attrs.get('to', 0)))}", []).append(node.name)
+        else:
+            for key, value in node.attrs.items():
+                if isinstance(value, str) and value == "<subgraph>":
+                    problems.setdefault(f"{node.op} with a subgraph", []).append(node.name)
+                elif isinstance(value, np.ndarray) and value.dtype.name not in SUPPORTED_DTYPES:
+                    problems.setdefault(f"{node.op} attribute '{key}' of dtype {value.dtype.name}", []).append(
+                        node.name
+                    )
+    for v in (*inputs, *outputs):
+        if v.dtype is not None and v.dtype not in SUPPORTED_DTYPES:
+            problems.setdefault(f"value '{v.name}' of dtype {v.dtype}", []).append("graph input/output")
+    if problems:
+        listing = "; ".join(f"{what} (nodes: {', '.join(names[:3])}{', ...' if len(names) > 3 else ''})"
+                            for what, names in sorted(problems.items()))  # fmt: skip
+        raise UnsupportedModelError(f"the session cannot run this model: unsupported {listing}")
+    for node in nodes:
+        if node.op == "Cast":
+            node.attrs["to"] = dtype_name(int(node.attrs["to"]))

@@ -1,0 +1,446 @@
+"""NumPy implementations of the ONNX ops the session runs itself (shape and index ops, and every op's
+fallback). A builder parses a node's attributes once, at load time, and returns a small function of
+the node's input arrays that returns its output (or a tuple for several outputs)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ..backends.cpu.fused_elementwise import erf
+from ..errors import ArgumentError, ShapeError
+from ..graph.ir import Node
+
+Fn = Callable[..., Any]
+Builder = Callable[[Node, int], Fn]
+OPS: dict[str, Builder] = {}
+
+
+def op(*names: str) -> Callable[[Builder], Builder]:
+    def register(builder: Builder) -> Builder:
+        for name in names:
+            OPS[name] = builder
+        return builder
+
+    return register
+
+
+def _unary(fn: Callable[[np.ndarray], np.ndarray]) -> Builder:
+    def build(node: Node, opset: int) -> Fn:
+        return lambda x: np.asarray(fn(x)).astype(x.dtype, copy=False)
+
+    return build
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+for _name, _fn in {
+    "Sqrt": np.sqrt, "Reciprocal": np.reciprocal, "Tanh": np.tanh, "Exp": np.exp, "Log": np.log,
+    "Neg": np.negative, "Abs": np.abs, "Sigmoid": _sigmoid, "Floor": np.floor, "Ceil": np.ceil,
+    "Sin": np.sin, "Cos": np.cos, "Sign": np.sign, "Erf": erf,
+}.items():  # fmt: skip
+    OPS[_name] = _unary(_fn)
+
+
+@op("Relu")
+def _relu(node: Node, opset: int) -> Fn:
+    return lambda x: np.maximum(x, x.dtype.type(0))
+
+
+@op("Gelu")
+def _gelu(node: Node, opset: int) -> Fn:
+    if node.attrs.get("approximate", "none") == "tanh":
+        c = math.sqrt(2.0 / math.pi)
+        return lambda x: (0.5 * x * (1.0 + np.tanh(c * (x + 0.044715 * x**3)))).astype(x.dtype)
+    return lambda x: (0.5 * x * (1.0 + erf(x / x.dtype.type(math.sqrt(2.0))))).astype(x.dtype)
+
+
+@op("Identity")
+def _identity(node: Node, opset: int) -> Fn:
+    return lambda x: x
+
+
+@op("Not")
+def _not(node: Node, opset: int) -> Fn:
+    return np.logical_not
+
+
+@op("IsNaN")
+def _isnan(node: Node, opset: int) -> Fn:
+    return np.isnan
+
+
+def _binary(fn: Callable[[np.ndarray, np.ndarray], np.ndarray], keep_dtype: bool = True) -> Builder:
+    def build(node: Node, opset: int) -> Fn:
+        if keep_dtype:
+            return lambda a, b: np.asarray(fn(a, b)).astype(a.dtype, copy=False)
+        return fn
+
+    return build
+
+
+def _divide(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    if a.dtype.kind in "iu":  # integer division truncates toward zero, as in C
+        q = np.floor_divide(a, b)
+        fix = (np.remainder(a, b) != 0) & ((a < 0) != (b < 0))
+        return q + fix.astype(q.dtype)
+    return np.divide(a, b)
+
+
+def _power(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    if a.dtype.kind in "iu":
+        return np.power(a.astype(np.float64), b.astype(np.float64))
+    return np.power(a, b.astype(a.dtype, copy=False) if b.dtype.kind in "iub" else b)
+
+
+OPS.update(
+    Add=_binary(np.add), Sub=_binary(np.subtract), Mul=_binary(np.multiply), Div=_binary(_divide),
+    Pow=_binary(_power), Equal=_binary(np.equal, False), Greater=_binary(np.greater, False),
+    Less=_binary(np.less, False), GreaterOrEqual=_binary(np.greater_equal, False),
+    LessOrEqual=_binary(np.less_equal, False), And=_binary(np.logical_and, False),
+    Or=_binary(np.logical_or, False), Xor=_binary(np.logical_xor, False),
+)  # fmt: skip
+
+
+@op("Max", "Min")
+def _max_min(node: Node, opset: int) -> Fn:
+    fn = np.maximum if node.op == "Max" else np.minimum
+
+    def run(*xs: np.ndarray) -> np.ndarray:
+        result = xs[0]
+        for x in xs[1:]:
+            result = fn(result, x)
+        return np.asarray(result).astype(xs[0].dtype, copy=False)
+
+    return run
+
+
+@op("Where")
+def _where(node: Node, opset: int) -> Fn:
+    return np.where
+
+
+@op("Clip")
+def _clip(node: Node, opset: int) -> Fn:
+    lo_attr, hi_attr = node.attrs.get("min"), node.attrs.get("max")
+
+    def run(x: np.ndarray, lo: Any = None, hi: Any = None) -> np.ndarray:
+        lo = lo_attr if lo is None else lo
+        hi = hi_attr if hi is None else hi
+        y = x
+        if lo is not None:
+            y = np.maximum(y, np.asarray(lo, x.dtype))
+        if hi is not None:
+            y = np.minimum(y, np.asarray(hi, x.dtype))
+        return np.asarray(y, x.dtype)
+
+    return run
+
+
+@op("Cast")
+def _cast(node: Node, opset: int) -> Fn:
+    target = np.dtype(node.attrs["to"])
+    return lambda x: x.astype(target)
+
+
+@op("CastLike")
+def _cast_like(node: Node, opset: int) -> Fn:
+    return lambda x, like: x.astype(like.dtype)
+
+
+# -- matmul family --------------------------------------------------------------------------------
+@op("MatMul")
+def _matmul(node: Node, opset: int) -> Fn:
+    return np.matmul
+
+
+@op("Gemm")
+def _gemm(node: Node, opset: int) -> Fn:
+    alpha, beta = node.attrs.get("alpha", 1.0), node.attrs.get("beta", 1.0)
+    trans_a, trans_b = node.attrs.get("transA", 0), node.attrs.get("transB", 0)
+
+    def run(a: np.ndarray, b: np.ndarray, c: np.ndarray | None = None) -> np.ndarray:
+        y = np.matmul(a.T if trans_a else a, b.T if trans_b else b)
+        if alpha != 1.0:
+            y = y * a.dtype.type(alpha)
+        if c is not None:
+            y = y + (c if beta == 1.0 else c * a.dtype.type(beta))
+        return y.astype(a.dtype, copy=False)
+
+    return run
+
+
+# -- normalization and softmax ---------------------------------------------------------------------
+@op("Softmax", "LogSoftmax")
+def _softmax(node: Node, opset: int) -> Fn:
+    log = node.op == "LogSoftmax"
+    axis = node.attrs.get("axis", -1 if opset >= 13 else 1)
+
+    def softmax(x: np.ndarray, ax: int) -> np.ndarray:
+        shifted = x - np.max(x, axis=ax, keepdims=True)
+        e = np.exp(shifted)
+        s = np.sum(e, axis=ax, keepdims=True)
+        return (shifted - np.log(s)) if log else e / s
+
+    def run(x: np.ndarray) -> np.ndarray:
+        if x.size == 0:
+            return x.copy()
+        if opset >= 13:
+            return softmax(x, axis).astype(x.dtype, copy=False)
+        ax = axis % max(x.ndim, 1)
+        flat = x.reshape(math.prod(x.shape[:ax]), -1)
+        return softmax(flat, 1).reshape(x.shape).astype(x.dtype, copy=False)
+
+    return run
+
+
+@op("LayerNormalization")
+def _layer_norm(node: Node, opset: int) -> Fn:
+    axis, eps = node.attrs.get("axis", -1), node.attrs.get("epsilon", 1e-5)
+
+    def run(x: np.ndarray, scale: np.ndarray, bias: np.ndarray | None = None) -> tuple:
+        ax = axis % x.ndim
+        axes = tuple(range(ax, x.ndim))
+        xf = x.astype(np.float32) if x.dtype == np.float16 else x
+        mean = xf.mean(axis=axes, keepdims=True)
+        centered = xf - mean
+        inv_std = 1.0 / np.sqrt(np.mean(centered * centered, axis=axes, keepdims=True) + eps)
+        y = centered * inv_std * scale
+        if bias is not None:
+            y = y + bias
+        return y.astype(x.dtype), mean.astype(np.float32), inv_std.astype(np.float32)
+
+    return run
+
+
+# -- reductions ------------------------------------------------------------------------------------
+_REDUCE_AXES_AS_INPUT = {"ReduceSum": 13}  # the others take axes as an input from opset 18
+
+
+def _reduce(fn: Callable, empty: Callable[[np.dtype], Any] | None) -> Builder:
+    def build(node: Node, opset: int) -> Fn:
+        keepdims = bool(node.attrs.get("keepdims", 1))
+        noop = bool(node.attrs.get("noop_with_empty_axes", 0))
+        attr_axes = node.attrs.get("axes")
+        axes_as_input = opset >= _REDUCE_AXES_AS_INPUT.get(node.op, 18)
+
+        def run(x: np.ndarray, axes: np.ndarray | None = None) -> np.ndarray:
+            raw = (None if axes is None else axes.tolist()) if axes_as_input else attr_axes
+            if not raw:
+                if noop:
+                    return x
+                raw = list(range(x.ndim))
+            ax = tuple(sorted(a % x.ndim for a in raw)) if x.ndim else ()
+            if empty is not None and any(x.shape[a] == 0 for a in ax):
+                shape = tuple(1 if i in ax else n for i, n in enumerate(x.shape) if keepdims or i not in ax)
+                return np.full(shape, empty(x.dtype), x.dtype)
+            return np.asarray(fn(x, axis=ax, keepdims=keepdims)).astype(x.dtype, copy=False)
+
+        return run
+
+    return build
+
+
+def _lowest(dtype: np.dtype) -> Any:
+    return -np.inf if dtype.kind == "f" else (False if dtype.kind == "b" else np.iinfo(dtype).min)
+
+
+def _highest(dtype: np.dtype) -> Any:
+    return np.inf if dtype.kind == "f" else (True if dtype.kind == "b" else np.iinfo(dtype).max)
+
+
+OPS.update(
+    ReduceSum=_reduce(np.sum, None), ReduceMean=_reduce(np.mean, lambda d: np.nan),
+    ReduceMax=_reduce(np.max, _lowest), ReduceMin=_reduce(np.min, _highest), ReduceProd=_reduce(np.prod, None),
+)  # fmt: skip
+
+
+# -- shape ops -------------------------------------------------------------------------------------
+def _ints(x: np.ndarray | None) -> list[int]:
+    return [] if x is None else [int(v) for v in np.asarray(x).reshape(-1)]
+
+
+@op("Shape")
+def _shape(node: Node, opset: int) -> Fn:
+    start, end = node.attrs.get("start", 0), node.attrs.get("end")
+    return lambda x: np.array(x.shape[start:end], np.int64)
+
+
+@op("Size")
+def _size(node: Node, opset: int) -> Fn:
+    return lambda x: np.array(x.size, np.int64)
+
+
+@op("Reshape")
+def _reshape(node: Node, opset: int) -> Fn:
+    allowzero = bool(node.attrs.get("allowzero", 0))
+
+    def run(x: np.ndarray, shape: np.ndarray) -> np.ndarray:
+        dims = _ints(shape)
+        if not allowzero:
+            dims = [x.shape[i] if d == 0 and i < x.ndim else d for i, d in enumerate(dims)]
+        try:
+            return x.reshape(dims)
+        except ValueError:
+            raise ShapeError(f"Reshape: cannot reshape {x.shape} to {tuple(_ints(shape))}") from None
+
+    return run
+
+
+@op("Flatten")
+def _flatten(node: Node, opset: int) -> Fn:
+    axis = node.attrs.get("axis", 1)
+
+    def run(x: np.ndarray) -> np.ndarray:
+        ax = axis % x.ndim if axis < 0 else axis
+        return x.reshape(math.prod(x.shape[:ax]), math.prod(x.shape[ax:]))
+
+    return run
+
+
+@op("Transpose")
+def _transpose(node: Node, opset: int) -> Fn:
+    perm = node.attrs.get("perm")
+    return lambda x: np.transpose(x, perm)
+
+
+@op("Squeeze")
+def _squeeze(node: Node, opset: int) -> Fn:
+    attr_axes = node.attrs.get("axes")
+
+    def run(x: np.ndarray, axes: np.ndarray | None = None) -> np.ndarray:
+        raw = _ints(axes) if opset >= 13 else attr_axes
+        if not raw:
+            return np.squeeze(x)
+        ax = tuple(a % x.ndim for a in raw)
+        if any(x.shape[a] != 1 for a in ax):
+            raise ShapeError(f"Squeeze: axes {raw} of shape {x.shape} are not all 1")
+        return np.squeeze(x, axis=ax)
+
+    return run
+
+
+@op("Unsqueeze")
+def _unsqueeze(node: Node, opset: int) -> Fn:
+    attr_axes = node.attrs.get("axes")
+
+    def run(x: np.ndarray, axes: np.ndarray | None = None) -> np.ndarray:
+        raw = _ints(axes) if opset >= 13 else list(attr_axes or ())
+        rank = x.ndim + len(raw)
+        ax = sorted(a % rank for a in raw)
+        if len(set(ax)) != len(ax):
+            raise ArgumentError(f"Unsqueeze: repeated axes {raw}")
+        return np.expand_dims(x, tuple(ax))
+
+    return run
+
+
+@op("Concat")
+def _concat(node: Node, opset: int) -> Fn:
+    axis = node.attrs["axis"]
+    return lambda *xs: np.concatenate(xs, axis=axis)
+
+
+@op("Split")
+def _split(node: Node, opset: int) -> Fn:
+    axis, count = node.attrs.get("axis", 0), len(node.outputs)
+    attr_split, num_outputs = node.attrs.get("split"), node.attrs.get("num_outputs")
+
+    def run(x: np.ndarray, split: np.ndarray | None = None) -> tuple:
+        ax = axis % x.ndim
+        sizes = _ints(split) if opset >= 13 else list(attr_split or ())
+        n = x.shape[ax]
+        if not sizes:
+            parts = num_outputs or count
+            chunk = -(-n // parts)
+            sizes = [min(chunk, max(n - i * chunk, 0)) for i in range(parts)]
+        if sum(sizes) != n:
+            raise ShapeError(f"Split: sizes {sizes} do not add up to dim {n} of axis {axis}")
+        return tuple(np.split(x, np.cumsum(sizes)[:-1], axis=ax))
+
+    return run
+
+
+@op("Slice")
+def _slice(node: Node, opset: int) -> Fn:
+    def run(x: np.ndarray, starts: Any, ends: Any, axes: Any = None, steps: Any = None) -> np.ndarray:
+        starts, ends = _ints(starts), _ints(ends)
+        axes = _ints(axes) if axes is not None else list(range(len(starts)))
+        steps = _ints(steps) if steps is not None else [1] * len(starts)
+        index = [slice(None)] * x.ndim
+        for start, end, axis, step in zip(starts, ends, axes, steps):
+            if step == 0:
+                raise ArgumentError("Slice: a step of 0")
+            dim = x.shape[axis]
+            start = start + dim if start < 0 else start
+            end = end + dim if end < 0 else end
+            if step > 0:
+                start, end = min(max(start, 0), dim), min(max(end, 0), dim)
+            else:
+                start, end = min(max(start, 0), dim - 1), min(max(end, -1), dim - 1)
+            index[axis] = slice(start, None if end < 0 else end, step)
+        return x[tuple(index)]
+
+    return run
+
+
+@op("Gather")
+def _gather(node: Node, opset: int) -> Fn:
+    axis = node.attrs.get("axis", 0)
+
+    def run(x: np.ndarray, indices: np.ndarray) -> np.ndarray:
+        ax = axis % x.ndim
+        dim = x.shape[ax]
+        if indices.size and (indices.min() < -dim or indices.max() >= dim):
+            raise ArgumentError(f"Gather: indices outside [-{dim}, {dim}) for axis {axis} of shape {x.shape}")
+        return np.take(x, indices, axis=ax)
+
+    return run
+
+
+@op("Expand")
+def _expand(node: Node, opset: int) -> Fn:
+    def run(x: np.ndarray, shape: np.ndarray) -> np.ndarray:
+        target = np.broadcast_shapes(x.shape, tuple(_ints(shape)))
+        return np.broadcast_to(x, target)
+
+    return run
+
+
+@op("Tile")
+def _tile(node: Node, opset: int) -> Fn:
+    return lambda x, repeats: np.tile(x, _ints(repeats))
+
+
+@op("Range")
+def _range(node: Node, opset: int) -> Fn:
+    def run(start: np.ndarray, limit: np.ndarray, delta: np.ndarray) -> np.ndarray:
+        s, lim, d = start.item(), limit.item(), delta.item()
+        if d == 0:
+            raise ArgumentError("Range: delta is 0")
+        n = max(math.ceil((lim - s) / d), 0)
+        return (s + d * np.arange(n)).astype(start.dtype)
+
+    return run
+
+
+@op("ConstantOfShape")
+def _constant_of_shape(node: Node, opset: int) -> Fn:
+    value = node.attrs.get("value")
+    fill = np.zeros(1, np.float32) if value is None else np.asarray(value).reshape(-1)
+
+    def run(shape: np.ndarray) -> np.ndarray:
+        dims = _ints(shape)
+        if any(d < 0 for d in dims):
+            raise ShapeError(f"ConstantOfShape: negative dims {dims}")
+        return np.full(dims, fill[0], fill.dtype)
+
+    return run
+
+
+SUPPORTED = frozenset(OPS) | {"Constant"}  # Constant nodes become initializers when the model is loaded
