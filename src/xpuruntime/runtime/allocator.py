@@ -256,7 +256,7 @@ class CachingAllocator:
         block = self.allocate(nbytes, stream)
         array = block.view(tuple(shape), dtype)
         owner = _owner(array)
-        weakref.finalize(owner, self.free, block)
+        weakref.finalize(owner, self.free, block).atexit = False  # no device calls during interpreter exit
         return array
 
     def empty_cache(self) -> None:
