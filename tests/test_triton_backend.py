@@ -1,0 +1,125 @@
+"""The Triton backend as the runtime sees it: availability, explicit-only under the interpreter, reasons
+and fallbacks for calls its kernels cannot run, clear errors, the matmul tuner and its disk cache."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from triton_harness import INTERPRET, ON_GPU, assert_close, f64, kernel_test, make, rerun_under_interpreter, torch
+
+import xpuruntime as xrt
+from xpuruntime.errors import DeviceMismatchError, KernelFallbackWarning, UnsupportedByPolicyError
+from xpuruntime.ops.elementwise import reference as sin_affine_reference
+from xpuruntime.registry import default_registry
+
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+    return np.random.default_rng()
+
+
+@pytest.mark.skipif(INTERPRET or ON_GPU, reason="the interpreter run itself, or a GPU run of the compiled kernels")
+def test_backend_under_interpreter() -> None:
+    rerun_under_interpreter(__file__)
+
+
+@kernel_test
+def test_backend_is_registered_with_its_device_type() -> None:
+    backend = default_registry().backends["triton"]
+    assert backend.device_type == ("cpu" if INTERPRET else "cuda")
+    assert backend.explicit_only is INTERPRET
+    assert backend.unavailable_reason is None
+    names = {k.name for k in default_registry().kernels_for("matmul") if k.backend == "triton"}
+    assert names == {"triton", "triton_splitk", "triton_gemv"}
+
+
+@pytest.mark.skipif(not INTERPRET, reason="explicit-only applies to the interpreter backend")
+def test_interpreter_kernels_run_only_where_the_policy_names_them(rng) -> None:
+    x = make(rng, (4, 5), "float32")
+    explanation = xrt.explain("softmax", x, show=False)
+    assert explanation.selected != "triton"
+    reasons = next(c.reasons for c in explanation.candidates if c.kernel.name == "triton")
+    assert any("only where the policy names it" in r for r in reasons)
+    with xrt.kernel_policy(softmax="triton", strict=True):
+        assert xrt.explain("softmax", x, show=False).selected == "triton"
+
+
+@kernel_test
+def test_unsupported_dtype_is_a_reason_then_a_fallback(rng) -> None:
+    x = make(rng, (6, 7), "float32")
+    x = (x * 10).astype(np.int32) if not ON_GPU else (x * 10).to(torch.int32)
+    with xrt.kernel_policy(sum="triton", strict=True), pytest.raises(UnsupportedByPolicyError) as info:
+        xrt.ops.sum(x)
+    assert "dtype int32 not in" in str(info.value) and "triton" in str(info.value)
+    with xrt.kernel_policy(sum="triton"), pytest.warns(KernelFallbackWarning, match="triton"):
+        out = xrt.ops.sum(x)
+    assert np.array_equal(f64(out), f64(x).sum(-1))
+
+
+@kernel_test
+def test_layout_the_kernel_cannot_index_is_a_reason_then_a_fallback(rng) -> None:
+    x = make(rng, (3, 2, 5, 4, 3), "float32")
+    a, b = make(rng, (2, 1, 4, 1), "float32"), make(rng, (5, 1, 3), "float32")
+    with xrt.kernel_policy(sin_affine="triton", strict=True), pytest.raises(UnsupportedByPolicyError, match="5 dims"):
+        xrt.ops.sin_affine(x, a, b)
+    if ON_GPU:
+        return  # no other GPU kernel for sin_affine to fall back to
+    with xrt.kernel_policy(sin_affine="triton"), pytest.warns(KernelFallbackWarning):
+        out = xrt.ops.sin_affine(x, a, b)
+    assert_close(out, sin_affine_reference(f64(x), f64(a), f64(b)), "float32")
+
+
+@pytest.mark.skipif(not INTERPRET, reason="negative strides exist only for NumPy arrays")
+def test_reversed_numpy_view_is_refused_with_a_reason(rng) -> None:
+    x = make(rng, (5, 6), "float32")[::-1]
+    with xrt.kernel_policy(softmax="triton", strict=True), pytest.raises(UnsupportedByPolicyError, match="negative"):
+        xrt.ops.softmax(x)
+
+
+@kernel_test
+def test_split_k_is_rejected_when_the_policy_asks_for_determinism(rng) -> None:
+    a, b = make(rng, (8, 600), "float32"), make(rng, (600, 8), "float32")
+    explanation = xrt.explain(
+        "matmul", a, b, policy=xrt.KernelPolicy(matmul="triton_splitk", deterministic=True), show=False
+    )
+    reasons = next(c.reasons for c in explanation.candidates if c.kernel.name == "triton_splitk")
+    assert any("not deterministic" in r for r in reasons)
+
+
+@kernel_test
+def test_norm_backward_shape_errors_name_the_argument(rng) -> None:
+    x, dy = make(rng, (4, 6), "float32"), make(rng, (4, 5), "float32")
+    with xrt.kernel_policy(layer_norm_backward="triton"), pytest.raises(xrt.errors.ShapeError, match="'dy'"):
+        xrt.ops.layer_norm_backward(dy, x, 6)
+
+
+@pytest.mark.gpu
+@kernel_test
+def test_device_mismatch_is_an_error(rng) -> None:
+    x = make(rng, (4, 8), "float32")
+    w = np.ones(8, np.float32)
+    with pytest.raises(DeviceMismatchError):
+        xrt.ops.layer_norm(x, 8, torch.from_numpy(w))
+
+
+@pytest.mark.gpu
+@kernel_test
+def test_matmul_tuner_stores_its_winner_on_disk(rng, tmp_path, monkeypatch) -> None:
+    from xpuruntime.backends.triton import matmul as tm
+    from xpuruntime.runtime import tuning_cache
+
+    monkeypatch.setenv(tuning_cache.ENV_CACHE_DIR, str(tmp_path))  # the default cache follows the variable
+    monkeypatch.setattr(tm, "_WINNERS", {})
+    a, b = make(rng, (512, 768), "bfloat16"), make(rng, (768, 640), "bfloat16")
+    with xrt.kernel_policy(matmul="triton", strict=True):
+        out = xrt.ops.matmul(a, b)
+    assert_close(out, (a.double() @ b.double()).cpu().numpy(), "bfloat16")
+    (winner,) = tm._WINNERS.values()
+    (file,) = tmp_path.rglob("*.json")
+    assert tuple(json.loads(file.read_text())["value"]["config"]) == winner
+    monkeypatch.setattr(tm, "_WINNERS", {})  # a new process: the winner comes from disk, no search
+    monkeypatch.setattr(tm, "_search", lambda *args: pytest.fail("searched again despite a cached winner"))
+    with xrt.kernel_policy(matmul="triton", strict=True):
+        xrt.ops.matmul(make(rng, (512, 768), "bfloat16"), b)
