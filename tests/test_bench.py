@@ -119,7 +119,10 @@ def test_discovery_collects_rows_and_reports_broken_modules(row_package):
 
 def test_reports_json_markdown_and_png(row_package, tmp_path):
     rows, failures = bench.discover(row_package)
-    results = bench.run(rows, timer=bench.host_timer(warmup=1, repeat=3), progress=True)
+    seen = []
+    results = bench.run(rows, timer=bench.host_timer(warmup=1, repeat=3), progress=True,
+                        on_result=lambda done: seen.append([r.name for r in done]))  # fmt: skip
+    assert seen == [[r.name for r in rows[: i + 1]] for i in range(len(rows))]  # reports can follow each row
     out = tmp_path / "out"
     bench.write_reports(results, out, failures)
     doc = json.loads((out / "results.json").read_text())

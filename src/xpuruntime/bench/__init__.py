@@ -272,12 +272,24 @@ def _release_memory() -> None:
         torch.cuda.empty_cache()
 
 
-def run(rows: Sequence[Row], timer: Timer | None = None, progress: bool = True) -> list[Result]:
-    """Run rows in order with a rich progress bar; returns one Result per row."""
+def run(
+    rows: Sequence[Row], timer: Timer | None = None, progress: bool = True,
+    on_result: Callable[[list[Result]], Any] | None = None,
+) -> list[Result]:  # fmt: skip
+    """Run rows in order with a rich progress bar; returns one Result per row. `on_result(results so far)`
+    runs after each row (the CLI rewrites its reports there, so a run cut short keeps what it measured)."""
     timer = timer or default_timer()
-    results = []
+    results: list[Result] = []
+
+    def one(row: Row) -> None:
+        results.append(run_row(row, timer))
+        if on_result is not None:
+            on_result(results)
+
     if not progress:
-        return [run_row(row, timer) for row in rows]
+        for row in rows:
+            one(row)
+        return results
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
@@ -285,7 +297,7 @@ def run(rows: Sequence[Row], timer: Timer | None = None, progress: bool = True) 
         task = bar.add_task("bench", total=len(rows))
         for row in rows:
             bar.update(task, description=f"{row.group}: {row.name}")
-            results.append(run_row(row, timer))
+            one(row)
             bar.advance(task)
     return results
 
@@ -382,8 +394,10 @@ def bar_chart(results: Sequence[Result], path: Path) -> bool:
     return True
 
 
-def write_reports(results: Sequence[Result], out_dir: Path, failures: Sequence[tuple[str, str]] = ()) -> dict:
-    """results.json, results.md and ratios.png in `out_dir`; returns the JSON document."""
+def write_reports(
+    results: Sequence[Result], out_dir: Path, failures: Sequence[tuple[str, str]] = (), chart: bool = True
+) -> dict:
+    """results.json, results.md and (with `chart`) ratios.png in `out_dir`; returns the JSON document."""
     out_dir.mkdir(parents=True, exist_ok=True)
     env = environment()
     doc = {
@@ -396,7 +410,8 @@ def write_reports(results: Sequence[Result], out_dir: Path, failures: Sequence[t
     if failures:
         text += "\nModules that failed to import:\n\n" + "".join(f"- `{m}`: {e}\n" for m, e in failures)
     (out_dir / "results.md").write_text(text)
-    bar_chart(results, out_dir / "ratios.png")
+    if chart:
+        bar_chart(results, out_dir / "ratios.png")
     return doc
 
 
@@ -428,7 +443,7 @@ def run_cli(only: Sequence[str] | None, out: Path, list_only: bool = False) -> i
     if not rows:
         console.print("[red]no benchmark rows selected[/]")
         return 1
-    results = run(rows)
+    results = run(rows, on_result=lambda done: write_reports(done, out, failures, chart=False))
     write_reports(results, out, failures)
     console.print(markdown(results, environment()), markup=False, highlight=False)
     console.print(f"wrote {out / 'results.json'}, {out / 'results.md'}, {out / 'ratios.png'}")
