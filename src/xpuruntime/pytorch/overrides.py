@@ -118,7 +118,7 @@ def _rebuild(ops: frozenset[str], check: bool = True) -> None:
             _check_no_foreign_kernel(aten_name, key)
     library = torch.library.Library("aten", "IMPL")
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*Overriding a previously registered kernel.*")
+        warnings.filterwarnings("ignore", message="(?s).*Overriding a previously registered kernel")
         for (aten_name, key), fn in functions.items():
             library.impl(aten_name, fn, key)
     _state.library, _state.ops = library, ops

@@ -1,0 +1,34 @@
+"""examples/train_gpt.py at a tiny size on the CPU: it trains, and with a policy routed through the
+CPU kernels the losses match PyTorch's."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+
+import pytest
+
+_PATH = os.path.join(os.path.dirname(__file__), "..", "examples", "train_gpt.py")
+
+
+def _example():
+    spec = importlib.util.spec_from_file_location("train_gpt", _PATH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_tiny_gpt_trains_with_and_without_a_policy():
+    example = _example()
+    common = ["--tiny", "--device", "cpu", "--steps", "3", "--dtype", "fp32"]
+    plain = example.main(common)
+    routed = example.main([*common, "--route-cpu", "--policy", "matmul=numpy_blas,layer_norm=numpy,attention=math"])
+    assert all(math.isfinite(v) for v in plain["losses"])
+    for a, b in zip(plain["losses"], routed["losses"]):
+        assert abs(a - b) <= 1e-4 * abs(a)
+    used = {(row["op"], row["kernel"]) for row in routed["dispatch"]}
+    assert {("matmul", "numpy_blas"), ("layer_norm", "numpy"), ("attention", "math")} <= used
+    assert any(row["op"] == "layer_norm_backward" for row in routed["dispatch"])  # backward routed too
+    assert plain["dispatch"] == [] and routed["overrides"]
