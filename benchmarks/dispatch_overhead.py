@@ -133,11 +133,16 @@ def scale2_dispatcher(torch: object) -> object:
 
 def cuda_extras(torch: object) -> dict[str, float]:
     """Per-call µs of output allocation (our caching allocator vs torch.empty) and current-stream lookups."""
+    from xpuruntime.arrays import signature
+    from xpuruntime.policy import current_policy
     from xpuruntime.runtime import allocator, streams
 
     ours = allocator.get_allocator("device", "cuda:0")
     device = torch.device("cuda:0")
+    x = torch.randn(4, 4, device="cuda")
     return per_call_us({
+        "signature(cuda tensor)": lambda: signature(x),
+        "current_policy()": current_policy,
         "torch.empty(64, device='cuda:0')": lambda: torch.empty((64,), dtype=torch.float32, device="cuda:0"),
         "torch.empty(64, device=torch.device)": lambda: torch.empty((64,), dtype=torch.float32, device=device),
         "xrt allocator.empty(64)": lambda: ours.empty((64,), torch.float32),
