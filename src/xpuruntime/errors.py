@@ -66,9 +66,29 @@ class LaunchError(XpuRuntimeError, RuntimeError):
     """A kernel failed while running; the message names op, kernel and launch config."""
 
 
+MAX_ECHO = 120  # characters of a user's value that a message repeats
+
+
+def clip(value: object, limit: int = MAX_ECHO) -> str:
+    """`repr(value)` cut to `limit` characters with the full length noted, so an error never echoes a
+    100k-character argument."""
+    try:
+        text = repr(value)
+    except Exception:  # a broken __repr__ must not hide the real error
+        text = f"<{type(value).__name__} object>"
+    return cut(text, limit)
+
+
+def cut(text: str, limit: int = MAX_ECHO) -> str:
+    """`text` cut to `limit` characters, with the full length noted."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text)} characters)"
+
+
 def argument_error(cls: type[XpuRuntimeError], op: str, arg: str, expected: str, got: object) -> XpuRuntimeError:
     """Build `cls` with the standard message `op: argument 'arg' expected ..., got ...`."""
-    return cls(f"{op}: argument '{arg}' expected {expected}, got {got}")
+    return cls(f"{op}: argument '{arg}' expected {expected}, got {cut(str(got))}")
 
 
 def unknown_name(
@@ -79,11 +99,15 @@ def unknown_name(
     `unknown_name(UnknownKernelError, "kernel", "blockd", [...], where=" for op 'matmul'")`
     -> "unknown kernel 'blockd' for op 'matmul'. Did you mean 'blocked'? Known: ..."
     """
-    known = sorted(known)
+    known = sorted(set(known))
+    if not isinstance(name, str):
+        return cls(f"{what} names are strings, got {clip(name)}{where}. Known: {', '.join(known) or '(none)'}")
     lowered = {k.lower(): k for k in known}  # case-insensitive: "cublaslt" -> "cublasLt"
-    close = [lowered[m] for m in difflib.get_close_matches(name.lower(), list(lowered), n=1, cutoff=0.6)]
+    close = []
+    if len(name) <= 2 * max(map(len, known), default=0):  # difflib is quadratic: no hint for huge names
+        close = [lowered[m] for m in difflib.get_close_matches(name.lower(), list(lowered), n=1, cutoff=0.6)]
     hint = f" Did you mean '{close[0]}'?" if close else ""
-    return cls(f"unknown {what} '{name}'{where}.{hint} Known: {', '.join(known) or '(none)'}")
+    return cls(f"unknown {what} '{cut(name, 60)}'{where}.{hint} Known: {', '.join(known) or '(none)'}")
 
 
 class KernelFallbackWarning(UserWarning):

@@ -11,6 +11,8 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
+from .errors import ArgumentError, clip
+
 if TYPE_CHECKING:
     from .plan import Plan
 
@@ -86,8 +88,16 @@ class DispatchLog:
 _log = DispatchLog()
 
 
+def check_capacity(function: str, arg: str, value: object) -> int:
+    """A buffer bound: an int >= 1 (None would mean unbounded, which is never what a long run wants)."""
+    if type(value) is bool or not hasattr(value, "__index__") or value.__index__() < 1:
+        raise ArgumentError(f"{function}: argument '{arg}' expected an int >= 1, got {clip(value)}")
+    return value.__index__()
+
+
 def enable_dispatch_logging(max_records: int = DEFAULT_MAX_RECORDS) -> None:
     """Start recording every dispatch (keeps at most `max_records`, dropping the oldest)."""
+    max_records = check_capacity("enable_dispatch_logging", "max_records", max_records)
     if _log.records.maxlen != max_records:
         _log.records = collections.deque(_log.records, maxlen=max_records)
     add_observer(_log)

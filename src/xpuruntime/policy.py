@@ -9,16 +9,19 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import difflib
+import itertools
 import json
 import os
 import threading
+import weakref
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from .abi import MathMode, SyncPolicy
-from .errors import PolicyError, XpuRuntimeError
+from .errors import PolicyError, UnknownOpError, XpuRuntimeError, clip, cut, unknown_name
 
 if TYPE_CHECKING:
     from .registry import Registry
@@ -27,24 +30,55 @@ ENV_POLICY = "XPURUNTIME_POLICY"
 ENV_POLICY_FILE = "XPURUNTIME_POLICY_FILE"
 AUTO = "auto"  # a preference of "auto" means: no preference for this op
 _OPTIONS = ("strict", "math_mode", "deterministic", "sync")
+MAX_NESTING = 32  # deeper policy files are refused before the parser recurses into them
 
-_fingerprints: dict[tuple, int] = {}
+
+class Fingerprint:
+    """Identity of a policy's content: equal content shares one object while any policy or plan-cache
+    key holds it; it is forgotten (never reused) once nothing does, so the table stays bounded."""
+
+    __slots__ = ("__weakref__", "serial")
+
+    def __init__(self, serial: int) -> None:
+        self.serial = serial
+
+    def __repr__(self) -> str:
+        return f"Fingerprint({self.serial})"
+
+
+_fingerprints: weakref.WeakValueDictionary[tuple, Fingerprint] = weakref.WeakValueDictionary()
+_serials = itertools.count()
 _fingerprint_lock = threading.Lock()
 
 
-def _intern(key: tuple) -> int:
-    """A small int per distinct policy content: cheap to hash inside plan-cache keys."""
+def _intern(key: tuple) -> Fingerprint:
+    """The fingerprint of a policy content: cheap to hash and compare inside plan-cache keys."""
     with _fingerprint_lock:
-        return _fingerprints.setdefault(key, len(_fingerprints))
+        fingerprint = _fingerprints.get(key)
+        if fingerprint is None:
+            fingerprint = _fingerprints[key] = Fingerprint(next(_serials))
+        return fingerprint
 
 
-def _check_names(prefs: Mapping[str, str], registry: Registry | None) -> None:
-    """Unknown op or kernel names raise UnknownOpError / UnknownKernelError with a suggestion."""
+def _check_keys(prefs: Mapping[Any, Any]) -> None:
+    """Op names are strings, and a name that looks like a misspelt option is not taken for an op."""
+    for op in prefs:
+        if not isinstance(op, str) or not op:
+            raise PolicyError(f"policy keys must be op or option names (non-empty strings), got {clip(op)}")
+        if op not in _OPTIONS and difflib.get_close_matches(op.lower(), _OPTIONS, n=1, cutoff=0.75):
+            raise unknown_name(PolicyError, "policy option", op, _OPTIONS)
+
+
+def _check_names(prefs: Mapping[str, str], registry: Registry | None, kernels: bool = True) -> None:
+    """Unknown op names raise UnknownOpError (suggesting ops and options), unknown kernel names
+    UnknownKernelError, each with the closest known name."""
     from .registry import default_registry
 
     registry = registry or default_registry()
     for op, name in prefs.items():
-        if name != AUTO:
+        if op not in registry.ops:
+            raise unknown_name(UnknownOpError, "op or policy option", op, [*registry.ops, *_OPTIONS])
+        if kernels and name != AUTO:
             registry.kernel(op, name)
 
 
@@ -56,7 +90,7 @@ def _parse_bool(name: str, value: Any) -> bool:
         return True
     if text in ("0", "false", "no", "off"):
         return False
-    raise PolicyError(f"policy option '{name}' expects true/false, got {value!r}")
+    raise PolicyError(f"policy option '{name}' expects true/false, got {clip(value)}")
 
 
 class KernelPolicy:
@@ -85,11 +119,16 @@ class KernelPolicy:
         source: str = "",
         **op_preferences: str,
     ) -> None:
+        if preferences is not None and not isinstance(preferences, Mapping):
+            raise PolicyError(f"policy preferences must be a mapping of op to kernel name, got {clip(preferences)}")
         prefs = {**(preferences or {}), **op_preferences}
+        _check_keys(prefs)
         for op, name in prefs.items():
-            if not isinstance(name, str):
-                raise PolicyError(f"policy preference for '{op}' must be a kernel name, got {name!r}")
+            if not isinstance(name, str) or not name:
+                raise PolicyError(f"policy preference for '{op}' must be a kernel name, got {clip(name)}")
         prefs = {op: name for op, name in prefs.items() if name != AUTO}
+        if not isinstance(validate, bool) and type(validate).__name__ != "Registry":
+            raise PolicyError(f"KernelPolicy: argument 'validate' expected a bool or a Registry, got {clip(validate)}")
         if validate is not False:
             _check_names(prefs, None if validate is True else validate)
         self.preferences: Mapping[str, str] = MappingProxyType(dict(sorted(prefs.items())))
@@ -108,7 +147,7 @@ class KernelPolicy:
         return isinstance(other, KernelPolicy) and other.fingerprint == self.fingerprint
 
     def __hash__(self) -> int:
-        return self.fingerprint
+        return hash(self.fingerprint)
 
     def __repr__(self) -> str:
         parts = [f"{op}={name!r}" for op, name in self.preferences.items()]
@@ -134,8 +173,13 @@ class KernelPolicy:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], source: str = "dict", validate: bool = True) -> KernelPolicy:
         """Options (strict, math_mode, deterministic, sync) and op=kernel pairs, flat or under 'preferences'."""
+        if not isinstance(data, Mapping):
+            raise PolicyError(f"{source}: expected a mapping of options and op=kernel pairs, got {clip(data)}")
         data = dict(data)
-        prefs = dict(data.pop("preferences", {}) or {})
+        prefs = data.pop("preferences", None) or {}
+        if not isinstance(prefs, Mapping):
+            raise PolicyError(f"{source}: 'preferences' must be a mapping of op to kernel name, got {clip(prefs)}")
+        prefs = dict(prefs)
         options = {k: data.pop(k) for k in _OPTIONS if k in data and data[k] is not None}
         data = {k: v for k, v in data.items() if k not in _OPTIONS}
         try:
@@ -146,29 +190,35 @@ class KernelPolicy:
     @classmethod
     def from_string(cls, spec: str, source: str = "policy string", validate: bool = True) -> KernelPolicy:
         """Parse 'matmul=cublasLt,attention=flash_v2,strict=true'."""
+        if not isinstance(spec, str):
+            raise PolicyError(f"{source}: expected a string like 'matmul=blocked,strict=true', got {clip(spec)}")
         data: dict[str, str] = {}
         for item in filter(None, (part.strip() for part in spec.split(","))):
             key, sep, value = item.partition("=")
             if not sep or not key.strip() or not value.strip():
-                raise PolicyError(f"{source}: expected 'op=kernel' items separated by commas, got {item!r}")
+                raise PolicyError(f"{source}: expected 'op=kernel' items separated by commas, got {clip(item)}")
             data[key.strip()] = value.strip()
         return cls.from_dict(data, source, validate)
 
     @classmethod
     def from_file(cls, path: str | os.PathLike, validate: bool = True) -> KernelPolicy:
         """Load a TOML (.toml) or JSON (any other suffix) file with the keys `from_dict` takes."""
-        path = Path(path)
         try:
-            text = path.read_text()
+            path = Path(path)
+        except TypeError:
+            raise PolicyError(f"policy file: expected a path, got {clip(path)}") from None
+        try:
+            text = path.read_bytes().decode("utf-8-sig")
         except OSError as exc:
-            raise PolicyError(f"cannot read policy file {path}: {exc.strerror}") from None
+            raise PolicyError(f"cannot read policy file {path}: {exc.strerror or exc}") from None
+        except UnicodeDecodeError as exc:
+            raise PolicyError(f"policy file {path} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+        if _nesting(text) > MAX_NESTING:
+            raise PolicyError(f"policy file {path} is nested more than {MAX_NESTING} levels deep")
         try:
-            if path.suffix == ".toml":
-                data = _toml().loads(text)
-            else:
-                data = json.loads(text)
-        except ValueError as exc:  # TOMLDecodeError and JSONDecodeError are ValueErrors
-            raise PolicyError(f"policy file {path} is malformed: {exc}") from None
+            data = _toml().loads(text) if path.suffix == ".toml" else json.loads(text)
+        except (ValueError, RecursionError) as exc:  # TOMLDecodeError and JSONDecodeError are ValueErrors
+            raise PolicyError(f"policy file {path} is malformed: {cut(str(exc), 200)}") from None
         if not isinstance(data, dict):
             raise PolicyError(f"policy file {path}: expected a table/object at the top level")
         return cls.from_dict(data, f"policy file {path}", validate)
@@ -186,6 +236,18 @@ class KernelPolicy:
         if environ.get(ENV_POLICY_FILE):
             return cls.from_file(environ[ENV_POLICY_FILE], validate=False)
         return None
+
+
+def _nesting(text: str) -> int:
+    """How deep brackets nest in a JSON or TOML text (an upper bound: brackets inside strings count)."""
+    depth = deepest = 0
+    for char in text:
+        if char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth -= 1
+    return deepest
 
 
 def _toml() -> Any:
@@ -227,7 +289,9 @@ def as_policy(
         return policy
     if isinstance(policy, str):
         return KernelPolicy.from_string(policy)
-    return KernelPolicy.from_dict(policy)
+    if isinstance(policy, Mapping):
+        return KernelPolicy.from_dict(policy)
+    raise PolicyError(f"expected a KernelPolicy, a policy string, a mapping or None, got {clip(policy)}")
 
 
 def environment_policy(reload: bool = False) -> KernelPolicy | None:
@@ -237,6 +301,10 @@ def environment_policy(reload: bool = False) -> KernelPolicy | None:
     if reload or not _environment_read:
         try:
             _environment = KernelPolicy.from_env()
+            if _environment is not None:  # kernel names are checked at dispatch; op names now
+                _check_names(_environment.preferences, None, kernels=False)
+        except UnknownOpError as exc:
+            _environment = type(exc)(f"{_environment.source}: {exc}")
         except XpuRuntimeError as exc:
             _environment = exc
         _environment_read = True
@@ -296,6 +364,7 @@ def kernel_policy(policy: KernelPolicy | str | Mapping | None = None, **prefs: A
     else:
         outer = current_policy()
         options = {k: prefs.pop(k) for k in _OPTIONS if k in prefs}
+        _check_keys(prefs)
         _check_names(prefs, None)  # only the new preferences: the outer policy was checked when made
         scoped = KernelPolicy(
             {**outer.preferences, **prefs},

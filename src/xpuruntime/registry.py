@@ -7,10 +7,12 @@ of xformers' `not_supported_reasons`. The selector decides.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import importlib
 import inspect
+import numbers
 import pkgutil
 import threading
 import weakref
@@ -19,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .abi import ArgPack, LaunchConfig
-from .errors import RegistrationError, UnknownKernelError, UnknownNameError, UnknownOpError, unknown_name
+from .errors import RegistrationError, UnknownKernelError, UnknownNameError, UnknownOpError, clip, unknown_name
 
 if TYPE_CHECKING:
     from .context import DispatchContext
@@ -33,6 +35,9 @@ LaunchFn = Callable[[ArgPack], None]
 
 BACKENDS_PACKAGE = "xpuruntime.backends"  # each subpackage is a backend: BACKEND in __init__, kernels in modules
 OPS_PACKAGE = "xpuruntime.ops"  # each module's OpSchema objects are ops
+
+RESERVED_KERNEL_NAMES = frozenset({"auto", "autotune"})  # policy values that name no kernel
+_FORBIDDEN_IN_NAMES = ",=/ \t\n"  # policy strings split on ',' and '='; qualified names use '/'
 
 EmptyFn = Callable[[tuple[int, ...], str, str, Any], Any]  # (shape, dtype, device, stream) -> array
 
@@ -102,6 +107,9 @@ class KernelSpec:
     workspace_bytes: Callable[[DispatchContext], int] = _no_workspace
     doc: str = ""
 
+    def __post_init__(self) -> None:
+        _validate(self)
+
     @property
     def qualified_name(self) -> str:
         return f"{self.op}/{self.name}"
@@ -140,6 +148,45 @@ def _ask(condition: Condition, ctx: DispatchContext) -> list[str]:
     return [f"condition {name} answered {answer!r}; expected None, a reason string or a list of them"]
 
 
+def _bad(spec: KernelSpec, field_name: str, expected: str, got: Any) -> RegistrationError:
+    return RegistrationError(
+        f"kernel {clip(spec.op, 60)}/{clip(spec.name, 60)}: field '{field_name}' expected {expected}, got {clip(got)}"
+    )
+
+
+def _validate(spec: KernelSpec) -> None:
+    """Refuse a declaration that would break every call of its op later, naming the field at fault."""
+    for field_name in ("op", "name", "backend"):
+        value = getattr(spec, field_name)
+        if not isinstance(value, str) or not value or any(c in _FORBIDDEN_IN_NAMES for c in value):
+            raise _bad(spec, field_name, f"a non-empty name without any of {_FORBIDDEN_IN_NAMES!r}", value)
+    if spec.name.lower() in RESERVED_KERNEL_NAMES:
+        raise _bad(spec, "name", f"a name other than the reserved policy values {sorted(RESERVED_KERNEL_NAMES)}",
+                   spec.name)  # fmt: skip
+    for field_name in ("launch", "launch_config", "workspace_bytes"):
+        if not callable(getattr(spec, field_name)):
+            raise _bad(spec, field_name, "a callable", getattr(spec, field_name))
+    if spec.dtypes is not None and (
+        not isinstance(spec.dtypes, frozenset) or not all(isinstance(d, str) and d for d in spec.dtypes)
+    ):
+        raise _bad(spec, "dtypes", "None or a set of dtype names like {'float32', 'float16'}", spec.dtypes)
+    if not isinstance(spec.conditions, tuple) or not all(callable(c) for c in spec.conditions):
+        raise _bad(spec, "conditions", "a tuple of callables, like conditions=(my_condition,)", spec.conditions)
+    priority = spec.priority
+    if not isinstance(priority, numbers.Real) or isinstance(priority, bool) or priority != priority:
+        raise _bad(spec, "priority", "a number", priority)
+    for field_name in ("fused", "tensor_cores", "deterministic"):
+        if not isinstance(getattr(spec, field_name), bool):
+            raise _bad(spec, field_name, "True or False", getattr(spec, field_name))
+    cc = spec.min_compute_capability
+    if cc is not None and not (
+        isinstance(cc, tuple) and len(cc) == 2 and all(type(v) is int and v >= 0 for v in cc)
+    ):  # fmt: skip
+        raise _bad(spec, "min_compute_capability", "None or a (major, minor) tuple of ints, like (8, 0)", cc)
+    if not isinstance(spec.doc, str):
+        raise _bad(spec, "doc", "a string", spec.doc)
+
+
 def _sm(cc: tuple[int, int]) -> str:
     return f"sm{cc[0]}{cc[1]}"
 
@@ -152,11 +199,17 @@ def kernel(op: str, name: str, *, backend: str, **hints: Any) -> Callable[[Launc
         if hint not in known:
             raise unknown_name(RegistrationError, "hint", hint, known, where=f" for kernel '{op}/{name}'")
 
+    dtypes = hints.get("dtypes")
+    if dtypes is not None and not isinstance(dtypes, str | bytes):  # a str stays a str and is refused
+        with contextlib.suppress(TypeError):  # not iterable: refused by the validation, naming the field
+            hints["dtypes"] = frozenset(dtypes)
+    if isinstance(hints.get("conditions"), list):
+        hints["conditions"] = tuple(hints["conditions"])
+
     def declare(launch: LaunchFn) -> KernelSpec:
-        hints.setdefault("doc", (launch.__doc__ or "").strip().split("\n")[0])
-        if "dtypes" in hints and hints["dtypes"] is not None:
-            hints["dtypes"] = frozenset(hints["dtypes"])
-        return KernelSpec(op=op, name=name, backend=backend, launch=launch, **hints)
+        doc = getattr(launch, "__doc__", None)
+        spec_hints = {"doc": (doc if isinstance(doc, str) else "").strip().split("\n")[0], **hints}
+        return KernelSpec(op=op, name=name, backend=backend, launch=launch, **spec_hints)
 
     return declare
 
@@ -190,6 +243,8 @@ class Registry:
 
     def register_kernel(self, spec: KernelSpec) -> KernelSpec:
         """Add a kernel; a second kernel with the same name for the same op is an error."""
+        if not isinstance(spec, KernelSpec):
+            raise RegistrationError(f"register_kernel: expected a KernelSpec (from @kernel(...)), got {clip(spec)}")
         with self._lock:
             table = self.kernels.get(spec.op)
             if table is None:
@@ -212,7 +267,9 @@ class Registry:
         """Call `listener(op)` after that op's kernels change. Bound methods are held weakly, so a
         Dispatcher that is dropped does not stay alive through its registry."""
         ref = weakref.WeakMethod(listener) if inspect.ismethod(listener) else (lambda: listener)
-        self._listeners.append(ref)
+        with self._lock:  # drop the references of dropped listeners here too, not only on a change
+            self._listeners = [r for r in self._listeners if r() is not None]
+            self._listeners.append(ref)
 
     def _changed(self, op: str) -> None:
         self.generation += 1
@@ -225,7 +282,7 @@ class Registry:
     def op(self, name: str) -> OpSchema:
         try:
             return self.ops[name]
-        except KeyError:
+        except (KeyError, TypeError):  # TypeError: an unhashable "name"
             raise unknown_name(UnknownOpError, "op", name, self.ops) from None
 
     def kernels_for(self, op: str) -> list[KernelSpec]:
@@ -233,12 +290,12 @@ class Registry:
         return list(self.kernels[op].values())
 
     def kernel(self, op: str, name: str) -> KernelSpec:
-        table = self.kernels.get(op)
+        table = self.kernels.get(op) if isinstance(op, str) else None
         if table is None:
             raise unknown_name(UnknownOpError, "op", op, self.ops)
         try:
             return table[name]
-        except KeyError:
+        except (KeyError, TypeError):
             raise unknown_name(UnknownKernelError, "kernel", name, table, where=f" for op '{op}'") from None
 
     def not_supported_reasons(self, spec: KernelSpec, ctx: DispatchContext, preferred: str | None = None) -> list[str]:

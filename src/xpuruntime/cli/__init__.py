@@ -193,12 +193,14 @@ def cmd_explain(args: argparse.Namespace, console: Console) -> int:
 
 def cmd_demo(args: argparse.Namespace, console: Console) -> int:
     """The built-in demo: an encoder forward pass under four policies (see xpuruntime.demo)."""
-    from pathlib import Path
-
+    from ..profiling import check_trace_path
     from .demo import run_demo
 
-    if args.trace and not Path(args.trace).resolve().parent.is_dir():
-        raise ArgumentError(f"--trace {args.trace}: the folder {Path(args.trace).parent} does not exist")
+    if args.trace is not None:  # before any work, and `--trace ""` too
+        try:
+            check_trace_path(args.trace)
+        except XpuRuntimeError as exc:
+            raise ArgumentError(f"--trace: {str(exc).removeprefix('export_chrome_trace: ')}") from None
     return run_demo(console, iterations=args.iterations, size=args.size, trace=args.trace)
 
 

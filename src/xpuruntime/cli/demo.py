@@ -29,7 +29,7 @@ from xpuruntime.ops.matmul import reference as matmul_reference
 from xpuruntime.ops.norm import layer_norm_reference, rms_norm_reference
 from xpuruntime.ops.reduction import reference as sum_reference
 from xpuruntime.ops.softmax import reference as softmax_reference
-from xpuruntime.profiling import Profiler
+from xpuruntime.profiling import Profiler, check_trace_path
 
 TOLERANCE = 1e-4  # max-abs error allowed against the float64 reference (float32 compute)
 SEED = 0
@@ -301,7 +301,9 @@ def run_demo(console: Console, iterations: int = 3, size: str = "small", trace: 
     inputs = make_inputs(dims)
     console.print(f"[bold]xpuruntime demo[/]: encoder forward pass ({dims.describe()}), "
                   f"{iterations} iteration(s) per policy run\n")  # fmt: skip
-    prof_scope = xrt.profiler() if trace else contextlib.nullcontext()
+    if trace is not None:
+        check_trace_path(trace)  # a bad path fails before the work, not after it
+    prof_scope = xrt.profiler() if trace is not None else contextlib.nullcontext()
     with _dispatch_logging():
         with prof_scope as prof:
             results = [run_policy(RUNS[0], inputs, dims, iterations)]
@@ -317,6 +319,9 @@ def run_demo(console: Console, iterations: int = 3, size: str = "small", trace: 
     ok = ok and not any(result.unmet_expectation() for result in results)
     if prof is not None:
         console.print(profile_table(prof))
+        if prof.dropped_events:
+            dropped, bound = prof.dropped_events, prof.max_events
+            console.print(f"The profiler dropped its {dropped} oldest events (max_events={bound}).")
         path = prof.export_chrome_trace(trace)
         console.print(f"Chrome trace of the auto run written to {escape(str(path))} (open in ui.perfetto.dev)",
                       highlight=False, soft_wrap=True)  # fmt: skip

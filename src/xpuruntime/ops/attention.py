@@ -13,7 +13,7 @@ import numpy as np
 
 from ..context import DispatchContext
 from ..dispatch import run
-from ..errors import ArgumentError, DTypeError, ShapeError, argument_error
+from ..errors import ArgumentError, DTypeError, ShapeError, argument_error, clip
 from ..schema import OpSchema
 from .checks import broadcast, require_dtype_like, require_float, require_ndim
 
@@ -115,6 +115,6 @@ def attention(
 ) -> Any:  # fmt: skip
     """Scaled dot-product attention with F.scaled_dot_product_attention's arguments; dropout_p must be 0
     (inference semantics: apply dropout outside the op)."""
-    if dropout_p != 0.0:
-        raise argument_error(ArgumentError, "attention", "dropout_p", "0.0 (dropout is not supported)", repr(dropout_p))
+    if not isinstance(dropout_p, numbers.Real) or isinstance(dropout_p, bool) or dropout_p != 0.0:
+        raise argument_error(ArgumentError, "attention", "dropout_p", "0.0 (dropout is not supported)", clip(dropout_p))
     return run("attention", (q, k, v, attn_mask), (is_causal, scale), out)

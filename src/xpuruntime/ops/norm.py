@@ -18,7 +18,10 @@ from .checks import numel, require_dtype_like, require_float
 def _normalized_shape(ctx: DispatchContext) -> tuple[int, ...]:
     raw = ctx.attrs["normalized_shape"]
     try:
-        dims = (operator.index(raw),) if not isinstance(raw, tuple) else tuple(operator.index(n) for n in raw)
+        items = raw if isinstance(raw, tuple) else (raw,)
+        if any(isinstance(n, bool | np.bool_) for n in items):
+            raise TypeError  # True is an int to Python, never a size here
+        dims = tuple(operator.index(n) for n in items)
     except TypeError:
         raise argument_error(
             ArgumentError, ctx.op, "normalized_shape", "an int or a tuple of ints", repr(raw)
@@ -37,8 +40,8 @@ MACHINE_EPSILON = {"float16": 2.0**-10, "bfloat16": 2.0**-7, "float32": 2.0**-23
 def _eps(ctx: DispatchContext, default: float | None) -> float:
     eps = ctx.attrs["eps"]
     if eps is None:
-        eps = default if default is not None else MACHINE_EPSILON[ctx.tensor("x").dtype]
-    if not isinstance(eps, numbers.Real) or isinstance(eps, bool) or not eps >= 0:
+        eps = default if default is not None else MACHINE_EPSILON.get(ctx.tensor("x").dtype)
+    if not isinstance(eps, numbers.Real) or isinstance(eps, bool) or not 0 <= eps < float("inf"):
         raise argument_error(ArgumentError, ctx.op, "eps", "a number >= 0", repr(eps))
     return float(eps)
 
@@ -50,12 +53,14 @@ def _check_params(ctx: DispatchContext, names: tuple[str, ...], dims: tuple[int,
 
 
 def _layer_norm_attrs(ctx: DispatchContext) -> dict[str, Any]:
+    _infer_dtype(ctx)  # dtypes first: the attributes' defaults (eps) depend on a floating dtype
     dims = _normalized_shape(ctx)
     _check_params(ctx, ("weight", "bias"), dims)
     return {"normalized_shape": dims, "eps": _eps(ctx, 1e-5)}
 
 
 def _rms_norm_attrs(ctx: DispatchContext) -> dict[str, Any]:
+    _infer_dtype(ctx)  # dtypes first: eps=None means the (floating) dtype's machine epsilon
     dims = _normalized_shape(ctx)
     _check_params(ctx, ("weight",), dims)
     return {"normalized_shape": dims, "eps": _eps(ctx, None)}

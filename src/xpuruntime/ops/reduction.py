@@ -15,6 +15,7 @@ from .checks import normalize_axis, numel
 
 
 def _normalize_attrs(ctx: DispatchContext) -> dict[str, Any]:
+    _infer_dtype(ctx)  # a dtype error first: sum("abc") is about the dtype, not the axis
     ndim = ctx.tensor("x").ndim
     axis, keepdims = ctx.attrs["axis"], ctx.attrs["keepdims"]
     if axis is None:
