@@ -1,0 +1,97 @@
+"""Benchmark rows: layer_norm / rms_norm forward and forward+backward (Triton) beside PyTorch."""
+
+from __future__ import annotations
+
+from . import Row, Setup
+from ._triton_rows import alternatives, close, forced, needs_cuda, randn
+
+M, N = 8192, 4096
+
+
+def _layer_norm_forward() -> Setup:
+    import torch.nn.functional as F
+
+    import xpuruntime as xrt
+
+    x, w, b = randn(M, N, dtype="bfloat16"), randn(N, dtype="bfloat16"), randn(N, dtype="bfloat16")
+    call = lambda: xrt.ops.layer_norm(x, N, w, b)  # noqa: E731
+    ours = forced("layer_norm", "triton", call)
+    return Setup(
+        ours=ours, anchor=lambda: F.layer_norm(x, (N,), w, b), bytes=2 * (2 * M * N + 2 * N),
+        check=lambda: close(ours(), F.layer_norm(x, (N,), w, b), 2e-2),
+        alternatives=alternatives("layer_norm", call, x, N, w, b),
+    )  # fmt: skip
+
+
+def _layer_norm_forward_backward() -> Setup:
+    import torch
+    import torch.nn.functional as F
+
+    import xpuruntime as xrt
+
+    x, w, b, dy = (randn(*s, dtype="bfloat16") for s in ((M, N), (N,), (N,), (M, N)))
+    xr, wr, br = (t.clone().requires_grad_() for t in (x, w, b))
+
+    def ours() -> object:
+        with xrt.kernel_policy(layer_norm="triton", layer_norm_backward="triton", strict=True):
+            y = xrt.ops.layer_norm(x, N, w, b)
+            return y, xrt.ops.layer_norm_backward(dy, x, N, w)
+
+    def anchor() -> object:
+        y = F.layer_norm(xr, (N,), wr, br)
+        return y, torch.autograd.grad(y, (xr, wr, br), dy)
+
+    def check() -> str | None:
+        (_, (dx, dw, db)), (_, (ax, aw, ab)) = ours(), anchor()
+        return close(dx, ax, 2e-2) or close(dw, aw, 2e-2) or close(db, ab, 2e-2)
+
+    return Setup(ours=ours, anchor=anchor, bytes=2 * 5 * M * N, check=check,
+                 note="bytes: x, y (forward) + dy, x, dx (backward)")  # fmt: skip
+
+
+def _rms_norm_forward() -> Setup:
+    import torch.nn.functional as F
+
+    import xpuruntime as xrt
+
+    x, w = randn(M, N, dtype="bfloat16"), randn(N, dtype="bfloat16")
+    call = lambda: xrt.ops.rms_norm(x, N, w, 1e-6)  # noqa: E731
+    ours = forced("rms_norm", "triton", call)
+    return Setup(
+        ours=ours, anchor=lambda: F.rms_norm(x, (N,), w, 1e-6), bytes=2 * (2 * M * N + N),
+        check=lambda: close(ours(), F.rms_norm(x, (N,), w, 1e-6), 2e-2),
+        alternatives=alternatives("rms_norm", call, x, N, w, 1e-6),
+    )  # fmt: skip
+
+
+def _rms_norm_forward_backward() -> Setup:
+    import torch
+    import torch.nn.functional as F
+
+    import xpuruntime as xrt
+
+    x, w, dy = (randn(*s, dtype="bfloat16") for s in ((M, N), (N,), (M, N)))
+    xr, wr = (t.clone().requires_grad_() for t in (x, w))
+
+    def ours() -> object:
+        with xrt.kernel_policy(rms_norm="triton", rms_norm_backward="triton", strict=True):
+            return xrt.ops.rms_norm(x, N, w, 1e-6), xrt.ops.rms_norm_backward(dy, x, N, w, 1e-6)
+
+    def anchor() -> object:
+        y = F.rms_norm(xr, (N,), wr, 1e-6)
+        return y, torch.autograd.grad(y, (xr, wr), dy)
+
+    return Setup(ours=ours, anchor=anchor, bytes=2 * 5 * M * N)
+
+
+_SHAPE = f"{M}x{N} bf16"
+ROWS = [
+    Row(f"layer_norm forward {_SHAPE}", "norm", _layer_norm_forward, target=2.6, target_kind="TB/s",
+        requires=needs_cuda, doc="Triton layer norm vs F.layer_norm"),
+    Row(f"layer_norm forward+backward {_SHAPE}", "norm", _layer_norm_forward_backward, target=1.3,
+        requires=needs_cuda, doc="Triton forward + layer_norm_backward vs F.layer_norm with autograd"),
+    Row(f"rms_norm forward {_SHAPE}", "norm", _rms_norm_forward, target=1.1, requires=needs_cuda,
+        doc="Triton RMS norm vs F.rms_norm"),
+    Row(f"rms_norm forward+backward {_SHAPE}", "norm", _rms_norm_forward_backward, requires=needs_cuda,
+        doc="Triton forward + rms_norm_backward vs F.rms_norm with autograd (no target)"),
+]  # fmt: skip
