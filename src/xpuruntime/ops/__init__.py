@@ -3,6 +3,8 @@ front-end function; kernels live in the backends. The registry finds every modul
 
 from .attention import attention
 from .elementwise import sin_affine
+from .linear import linear
+from .linear_backward import linear_grad_input, linear_grad_weight, split_weight_grad
 from .matmul import matmul
 from .norm import layer_norm, rms_norm
 from .norm_backward import layer_norm_backward, rms_norm_backward
@@ -10,6 +12,6 @@ from .reduction import sum
 from .softmax import softmax
 
 __all__ = [
-    "attention", "layer_norm", "layer_norm_backward", "matmul", "rms_norm", "rms_norm_backward", "sin_affine",
-    "softmax", "sum",
+    "attention", "layer_norm", "layer_norm_backward", "linear", "linear_grad_input", "linear_grad_weight",
+    "matmul", "rms_norm", "rms_norm_backward", "sin_affine", "softmax", "split_weight_grad", "sum",
 ]  # fmt: skip

@@ -1,0 +1,50 @@
+"""Helpers shared by the backends that run on CUDA torch tensors: allocation, streams, events, dtypes."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+TORCH_DTYPES: dict[str, torch.dtype] = {
+    "float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64,
+    "int8": torch.int8, "int16": torch.int16, "int32": torch.int32, "int64": torch.int64, "uint8": torch.uint8,
+    "bool": torch.bool,
+}  # fmt: skip
+GPU_FLOAT_DTYPES = frozenset({"float16", "bfloat16", "float32", "float64"})
+HALF_DTYPES = frozenset({"float16", "bfloat16"})
+
+
+def probe() -> str | None:
+    """Why PyTorch cannot run CUDA kernels here, or None."""
+    if not torch.cuda.is_available():
+        return f"no CUDA device (torch {torch.__version__}: torch.cuda.is_available() is False)"
+    return None
+
+
+def empty(shape: tuple[int, ...], dtype: str, device: str, stream: Any = None) -> torch.Tensor:
+    """An uninitialized tensor from PyTorch's caching allocator (stream-ordered on the current stream)."""
+    return torch.empty(shape, dtype=TORCH_DTYPES[dtype], device=device)
+
+
+def current_stream(device: str) -> Any:
+    return torch.cuda.current_stream(torch.device(device))
+
+
+def synchronize(device: str, stream: Any) -> None:
+    if stream is not None:
+        stream.synchronize()
+    else:
+        torch.cuda.synchronize(torch.device(device))
+
+
+def record_event(device: str, stream: Any) -> Any:
+    event = torch.cuda.Event()
+    event.record(stream)
+    return event
+
+
+def rows(t: torch.Tensor) -> torch.Tensor:
+    """(..., C) -> (M, C): a view where the leading dims collapse, else a copy."""
+    return t.reshape(math.prod(t.shape[:-1]), t.shape[-1])

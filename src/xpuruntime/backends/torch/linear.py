@@ -1,0 +1,72 @@
+"""linear and its backward ops through PyTorch: cuBLAS GEMMs, bias and activation by PyTorch's kernels.
+
+With a bias and an activation it uses `torch._addmm_activation` on CUDA tensors (cuBLASLt's
+RELU/GELU bias epilogue inside PyTorch where PyTorch supports it, else addmm + tanh GELU).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ...abi import ArgPack
+from ...registry import kernel
+from .common import GPU_FLOAT_DTYPES, rows
+
+_ADDMM_ACTIVATION = getattr(torch, "_addmm_activation", None)
+
+
+def _activate_(z: torch.Tensor, activation: str | None) -> torch.Tensor:
+    if activation == "relu":
+        return z.relu_()
+    if activation == "gelu":
+        return z.copy_(F.gelu(z, approximate="tanh"))
+    return z
+
+
+@kernel("linear", "torch", backend="torch", dtypes=GPU_FLOAT_DTYPES, priority=20, tensor_cores=True)
+def linear_torch(args: ArgPack) -> None:
+    """addmm / _addmm_activation into the output; F.linear then the activation otherwise."""
+    x, weight, bias = args.inputs
+    out, activation = args.out, args.attrs["activation"]
+    at = args.attrs
+    if out.is_contiguous() and bias is not None and min(at["m"], at["n"], at["k"]) > 0:
+        out2 = out.view(at["m"], at["n"])
+        if activation is None:
+            torch.addmm(bias, rows(x), weight.t(), out=out2)
+            return
+        if _ADDMM_ACTIVATION is not None and x.is_cuda:  # CUDA's is tanh-GELU (cuBLASLt epilogue); CPU's is erf
+            _ADDMM_ACTIVATION(bias, rows(x), weight.t(), use_gelu=activation == "gelu", out=out2)
+            return
+    out.copy_(_activate_(F.linear(x, weight, bias), activation))
+
+
+def _activation_backward(grad: torch.Tensor, preact: torch.Tensor, activation: str | None) -> torch.Tensor:
+    if activation == "relu":
+        return torch.ops.aten.threshold_backward(grad, preact, 0)
+    if activation == "gelu":
+        return torch.ops.aten.gelu_backward(grad, preact, approximate="tanh")
+    return grad
+
+
+@kernel("linear_grad_input", "torch", backend="torch", dtypes=GPU_FLOAT_DTYPES, priority=20, tensor_cores=True)
+def linear_grad_input_torch(args: ArgPack) -> None:
+    """dy @ W (cuBLAS), then PyTorch's activation backward against preact."""
+    dy, weight, preact = args.inputs
+    activation = args.attrs["activation"]
+    if activation is None:
+        torch.matmul(dy, weight, out=args.out)
+    else:
+        args.out.copy_(_activation_backward(torch.matmul(dy, weight), preact, activation))
+
+
+@kernel("linear_grad_weight", "torch", backend="torch", dtypes=GPU_FLOAT_DTYPES, priority=20, tensor_cores=True)
+def linear_grad_weight_torch(args: ArgPack) -> None:
+    """dy^T @ x (cuBLAS) and, for bias=True, the column sums of dy packed after it."""
+    dy, x = args.inputs
+    dy2, n, k = rows(dy), args.attrs["n"], args.attrs["k"]
+    if not args.attrs["bias"]:
+        torch.mm(dy2.t(), rows(x), out=args.out)
+        return
+    torch.mm(dy2.t(), rows(x), out=args.out[: n * k].view(n, k))
+    torch.sum(dy2, dim=0, out=args.out[n * k :])
