@@ -1,0 +1,178 @@
+"""xpuruntime.pytorch on a CUDA device: the policy's kernels in forward and backward, fallbacks,
+strict errors, CUDA graphs, the allocator pool and the profiler."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import xpuruntime as xrt
+import xpuruntime.pytorch as xtorch
+
+pytestmark = pytest.mark.gpu
+
+
+def _kernels(op: str) -> set[str]:
+    return {r.selected_kernel for r in xrt.get_dispatch_logs() if r.op_name == op}
+
+
+def _skip_unless(op: str, kernel: str) -> None:
+    if kernel not in xrt.default_registry().kernels.get(op, {}):
+        pytest.skip(f"kernel {op}/{kernel} is not registered here")
+
+
+@pytest.fixture(autouse=True)
+def _clean():
+    xrt.enable_dispatch_logging()
+    yield
+    xtorch.clear_kernel_policy()
+
+
+def test_linear_forward_and_backward_use_cublaslt():
+    _skip_unless("matmul", "cublasLt")
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(1024, 768, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(4, 256, 1024, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    ref = lin(x)
+    ref_grads = torch.autograd.grad(ref.float().square().mean(), (x, lin.weight, lin.bias))
+    xtorch.set_kernel_policy(matmul="cublasLt")
+    out = lin(x)
+    grads = torch.autograd.grad(out.float().square().mean(), (x, lin.weight, lin.bias))
+    assert _kernels("matmul") == {"cublasLt"}
+    assert len([r for r in xrt.get_dispatch_logs() if r.op_name == "matmul"]) >= 3  # forward, dx, dW
+    torch.testing.assert_close(out, ref, rtol=2e-2, atol=2e-2)
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g.float(), r.float(), rtol=3e-2, atol=3e-2)
+
+
+def test_attention_forward_and_backward_use_flash_v2():
+    _skip_unless("attention", "flash_v2")
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 256, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    ref = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    dout = torch.randn_like(ref)
+    ref_grads = torch.autograd.grad(ref, (q, k, v), dout)
+    xtorch.set_kernel_policy(attention="flash_v2")
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    assert _kernels("attention") == {"flash_v2"}
+    if "attention_backward" in xrt.default_registry().ops:
+        assert _kernels("attention_backward") == {"flash_v2"}
+    torch.testing.assert_close(out, ref, rtol=2e-2, atol=2e-2)
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g, r, rtol=3e-2, atol=3e-2)
+
+
+def test_flash_v2_float32_falls_back_once_and_strict_raises():
+    _skip_unless("attention", "flash_v2")
+    q, k, v = (torch.randn(1, 2, 64, 32, device="cuda") for _ in range(3))
+    ref = F.scaled_dot_product_attention(q, k, v)
+    xtorch.set_kernel_policy(attention="flash_v2")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        outs = [F.scaled_dot_product_attention(q, k, v) for _ in range(3)]
+    fallbacks = [w for w in caught if issubclass(w.category, xrt.KernelFallbackWarning)]
+    assert len(fallbacks) == 1, [str(w.message) for w in caught]
+    for out in outs:
+        torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+    xtorch.set_kernel_policy(xrt.KernelPolicy(attention="flash_v2", strict=True))
+    with pytest.raises(xrt.UnsupportedByPolicyError, match="flash_v2"):
+        F.scaled_dot_product_attention(q, k, v)
+
+
+def test_layer_norm_forward_and_backward_follow_the_policy():
+    _skip_unless("layer_norm", "triton")
+    x = torch.randn(64, 1024, device="cuda", requires_grad=True)
+    w, b = torch.randn(1024, device="cuda", requires_grad=True), torch.randn(1024, device="cuda", requires_grad=True)
+    ref = F.layer_norm(x, (1024,), w, b)
+    ref_grads = torch.autograd.grad(ref.square().sum(), (x, w, b))
+    xtorch.set_kernel_policy(layer_norm="triton", layer_norm_backward="triton")
+    out = F.layer_norm(x, (1024,), w, b)
+    grads = torch.autograd.grad(out.square().sum(), (x, w, b))
+    assert _kernels("layer_norm") == {"triton"} and _kernels("layer_norm_backward") == {"triton"}
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g, r, rtol=1e-3, atol=1e-3)
+
+
+def test_inference_mode_and_autocast_with_a_policy():
+    xtorch.set_kernel_policy(matmul="torch", layer_norm="torch")
+    lin = torch.nn.Linear(256, 128, device="cuda")
+    x = torch.randn(32, 256, device="cuda")
+    with torch.inference_mode(), xtorch.autocast(dtype=torch.bfloat16):
+        y = F.layer_norm(lin(x), (128,))
+    assert y.dtype == torch.float32  # autocast runs layer_norm in fp32, as PyTorch does
+    assert "torch" in _kernels("matmul") and {r.dtype for r in xrt.get_dispatch_logs() if r.op_name == "matmul"} == {
+        "bfloat16"
+    }
+    torch.testing.assert_close(y, F.layer_norm(lin(x), (128,)), rtol=3e-2, atol=3e-2)
+
+
+def _tiny_step(policy: dict | None, capture: bool):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(256, 512), torch.nn.GELU(), torch.nn.LayerNorm(512), torch.nn.Linear(512, 256)
+    ).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, capturable=True)
+    x = torch.randn(64, 256, device="cuda")
+    target = torch.randn(64, 256, device="cuda")
+    if policy:
+        xtorch.set_kernel_policy(**policy)
+
+    def step() -> torch.Tensor:
+        opt.zero_grad(set_to_none=False)
+        loss = F.mse_loss(model(x), target)
+        loss.backward()
+        opt.step()
+        return loss.detach()
+
+    losses = []
+    if capture:
+        graph = xtorch.CUDAGraphWrapper(warmup_iters=3)
+        graph.capture(step)
+        for _ in range(5):
+            losses.append(graph.replay().clone())
+    else:
+        for _ in range(3 + 5):
+            losses.append(step())
+        losses = losses[3:]
+    xtorch.clear_kernel_policy()
+    return torch.stack(losses), [p.detach().clone() for p in model.parameters()]
+
+
+def test_captured_training_step_matches_eager():
+    policy = {"matmul": "torch", "layer_norm": "torch"}
+    eager_losses, eager_params = _tiny_step(policy, capture=False)
+    graph_losses, graph_params = _tiny_step(policy, capture=True)
+    torch.testing.assert_close(graph_losses, eager_losses, rtol=1e-4, atol=1e-5)
+    for g, e in zip(graph_params, eager_params):
+        torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-5)
+    assert "torch" in _kernels("matmul")
+
+
+def test_allocator_pool_routes_allocations_and_keeps_results():
+    ref_losses, _ = _tiny_step(None, capture=False)
+    xtorch.set_allocator()
+    try:
+        t = torch.empty(1000, device="cuda")
+        assert t.data_ptr() % 256 == 0
+        losses, _ = _tiny_step(None, capture=False)
+        stats = xtorch.allocator_stats()
+    finally:
+        xtorch.reset_allocator()
+    torch.testing.assert_close(losses, ref_losses)
+    assert stats["enabled"] and stats["allocations_since_enabled"] > 0 and stats["reserved_bytes"] > 0
+    assert xtorch.allocator_stats() == {"enabled": False}
+
+
+def test_profile_on_cuda_marks_decisions(tmp_path):
+    xtorch.set_kernel_policy(matmul="torch")
+    a, b = torch.randn(128, 128, device="cuda"), torch.randn(128, 128, device="cuda")
+    path = tmp_path / "trace.json"
+    with xtorch.profile(export_chrome_trace=str(path)):
+        a @ b
+    text = path.read_text()
+    assert "xrt::matmul -> torch (policy)" in text
