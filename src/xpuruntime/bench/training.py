@@ -152,6 +152,21 @@ def training_checks(root: Path, steps: int, extra: list[str] | None = None) -> d
     return {"runs": runs, "checks": checks, "timing": timing}
 
 
+def ddp_compare(single: str, *ranks: str) -> dict[str, Any]:
+    """Per-step loss of one GPU against the mean of the ranks' losses (same global batch)."""
+    one = json.loads(Path(single).read_text())
+    per_rank = [json.loads(Path(r).read_text()) for r in ranks]
+    mean = [sum(r["losses"][i] for r in per_rank) / len(per_rank) for i in range(len(one["losses"]))]
+    return {
+        "max_rel_loss_vs_one_gpu": _max_rel(mean, one["losses"]),
+        "one_gpu_median_step_ms": one["median_step_ms"],
+        "ddp_median_step_ms": [r["median_step_ms"] for r in per_rank],
+        "kernels_per_rank": [sorted({f"{d['op']}/{d['kernel']}" for d in r["dispatch"]}) for r in per_rank],
+        "losses_one_gpu": one["losses"],
+        "losses_ddp_mean": mean,
+    }
+
+
 def _markdown(report: dict[str, Any]) -> str:
     oc, checks, timing = report["override_cost"], report["training"]["checks"], report["training"]["timing"]
     lines = [
@@ -182,7 +197,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--name", default="training_h100")
     p.add_argument("--example-args", default="", help="extra arguments for every example run (e.g. '--tiny')")
     p.add_argument("--skip-override-cost", action="store_true")
+    p.add_argument("--ddp-compare", nargs="+", metavar="JSON", help="one-GPU json, then each rank's json")
     args = p.parse_args(argv)
+    if args.ddp_compare:
+        result = ddp_compare(*args.ddp_compare)
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / f"{args.name}.json").write_text(json.dumps(result, indent=1))
+        print(json.dumps({k: v for k, v in result.items() if not k.startswith("losses")}, indent=1))
+        return
     root = Path(__file__).resolve().parents[3]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

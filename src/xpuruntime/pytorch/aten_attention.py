@@ -99,11 +99,13 @@ class AttentionFunction(torch.autograd.Function):
         ctx.routed = out is not None
         if out is None:
             out = _torch_sdpa(q, k, v, mask, 0.0, is_causal, scale)
-        ctx.inputs, ctx.out, ctx.lse = (q, k, v, mask), out, lse
+        ctx.save_for_backward(q, k, v, mask, out, lse)  # not ctx attributes: `out` there would be a cycle
         return out
 
     @staticmethod
     def backward(ctx: Any, dout: torch.Tensor) -> tuple:
+        q, k, v, mask, out, lse = ctx.saved_tensors
+        ctx.inputs, ctx.out, ctx.lse = (q, k, v, mask), out, lse
         with policy_of_forward(ctx.policy):
             grads = _routed_grads(ctx, dout) if ctx.routed else None
             if grads is None:

@@ -13,9 +13,9 @@ import torch
 from ..policy import current_policy
 from .routing import attrs_for, dispatch, has_op, tls
 
-_mm_out = torch.ops.aten.mm.out
-_bmm_out = torch.ops.aten.bmm.out
-_addmm_out = torch.ops.aten.addmm.out
+# the out= overloads are separate aten operators (never overridden); the torch.* bindings reach them
+# with less Python overhead than torch.ops.aten.*.out
+_mm_out, _bmm_out, _addmm_out = torch.mm, torch.bmm, torch.addmm
 
 
 def mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

@@ -79,7 +79,7 @@ class NormFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, op: str, x: Any, weight: Any, bias: Any, normalized_shape: tuple, eps: Any) -> Any:
         ctx.policy, ctx.op, ctx.normalized_shape, ctx.eps = current_policy(), op, normalized_shape, eps
-        ctx.tensors = (x, weight, bias)
+        ctx.save_for_backward(x, weight, bias)
         out = _forward(op, x, weight, bias, normalized_shape, eps)
         if out is None:
             out = _torch_forward(op, x, weight, bias, normalized_shape, eps)
@@ -89,6 +89,7 @@ class NormFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, dy: torch.Tensor) -> tuple:
+        ctx.tensors = ctx.saved_tensors
         with policy_of_forward(ctx.policy):
             grads = _routed_grads(ctx, dy)
             if grads is None:
