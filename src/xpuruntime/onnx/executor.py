@@ -144,9 +144,14 @@ class Planner:
                     static.add(s)
                 folded += 1
                 continue
-            step = self._make_step(node, ins, outs, args, values)
+            try:
+                step = self._make_step(node, ins, outs, args, values)
+                step.run(values)
+            except XpuRuntimeError as exc:
+                raise NodeExecutionError(_failure(Step(node, "numpy", ins, outs), values, exc)) from exc
+            except Exception as exc:
+                raise NodeExecutionError(_failure(Step(node, "numpy", ins, outs), values, exc)) from exc
             steps.append(step)
-            step.run(values)
         output_slots = [slots[v.name] if v.name in slots else slot(v.name) for v in graph.outputs]
         template: list[Any] = [values[i] if i in static else None for i in range(len(values))]
         plan = ExecutionPlan(slots, template, steps, input_slots, output_slots, folded)
@@ -313,3 +318,10 @@ def _assign_buffers(plan: ExecutionPlan, values: list, pinned: set[int]) -> int:
         step.buffer = buffer
         releasing.append((end[slot], slot, key, buffer))
     return reused
+
+
+def run_graph(graph: Graph, feeds: dict[str, np.ndarray], dispatcher: Dispatcher | None = None) -> list[Any]:
+    """Run a graph once (planning included): for tests and tools that hold a Graph, not a model."""
+    from ..dispatch import default_dispatcher
+
+    return Planner(graph, dispatcher or default_dispatcher(), {}).build(feeds)[1]

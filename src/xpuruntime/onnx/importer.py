@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from ..graph.ir import Dim, Graph, Node, Value
+from ..graph.ir import Dim, Graph, GraphError, Node, Value
 from .errors import ModelLoadError, UnsupportedModelError
 from .opmap import SUPPORTED
 
@@ -159,6 +159,8 @@ def import_model(model: onnx.ModelProto, base_dir: str | None = None) -> Graph:
             raise ModelLoadError(f"{node.describe()} has no outputs")
         nodes.append(node)
     _check_supported(nodes, inputs, outputs)
+    for node in nodes:
+        _check_arity(node, opset)
     graph = Graph([], inputs, outputs, initializers, values, opset, g.name or "graph")
     for node in nodes:
         if node.op == "Constant" and not node.domain:
@@ -169,6 +171,25 @@ def import_model(model: onnx.ModelProto, base_dir: str | None = None) -> Graph:
             graph.nodes.append(node)
     graph.verify()
     return graph
+
+
+def _check_arity(node: Node, opset: int) -> None:
+    """Input/output counts and required attributes as the ONNX schema of the node's op declares them."""
+    try:
+        schema = onnx.defs.get_schema(node.op, opset, "")
+    except Exception:
+        raise UnsupportedModelError(f"{node.describe()}: op {node.op} does not exist in opset {opset}") from None
+    n_in, n_out = len(node.inputs), len(node.outputs)
+    if not schema.min_input <= n_in <= schema.max_input:
+        raise GraphError(f"{node.describe()}: expects {schema.min_input}..{schema.max_input} inputs, got {n_in}")
+    if not schema.min_output <= n_out <= schema.max_output:
+        raise GraphError(f"{node.describe()}: expects {schema.min_output}..{schema.max_output} outputs, got {n_out}")
+    for name, attr in schema.attributes.items():
+        if attr.required and name not in node.attrs:
+            raise GraphError(f"{node.describe()}: required attribute '{name}' is missing")
+    unknown = sorted(set(node.attrs) - set(schema.attributes))
+    if unknown:
+        raise GraphError(f"{node.describe()}: unknown attribute(s) {unknown}")
 
 
 def _checked_constant(node: Node) -> np.ndarray:

@@ -28,6 +28,13 @@ def op(*names: str) -> Callable[[Builder], Builder]:
     return register
 
 
+def _axis(op: str, axis: int, ndim: int) -> int:
+    """`axis` in [-ndim, ndim) as a non-negative index; ShapeError naming the op otherwise."""
+    if not -ndim <= axis < ndim:
+        raise ShapeError(f"{op}: axis {axis} is out of range for a {ndim}-d input")
+    return axis % ndim
+
+
 def _unary(fn: Callable[[np.ndarray], np.ndarray]) -> Builder:
     def build(node: Node, opset: int) -> Fn:
         return lambda x: np.asarray(fn(x)).astype(x.dtype, copy=False)
@@ -204,7 +211,7 @@ def _layer_norm(node: Node, opset: int) -> Fn:
     axis, eps = node.attrs.get("axis", -1), node.attrs.get("epsilon", 1e-5)
 
     def run(x: np.ndarray, scale: np.ndarray, bias: np.ndarray | None = None) -> tuple:
-        ax = axis % x.ndim
+        ax = _axis("LayerNormalization", axis, x.ndim)
         axes = tuple(range(ax, x.ndim))
         xf = x.astype(np.float32) if x.dtype == np.float16 else x
         mean = xf.mean(axis=axes, keepdims=True)
@@ -235,7 +242,7 @@ def _reduce(fn: Callable, empty: Callable[[np.dtype], Any] | None) -> Builder:
                 if noop:
                     return x
                 raw = list(range(x.ndim))
-            ax = tuple(sorted(a % x.ndim for a in raw)) if x.ndim else ()
+            ax = tuple(sorted(_axis(node.op, a, x.ndim) for a in raw))
             if empty is not None and any(x.shape[a] == 0 for a in ax):
                 shape = tuple(1 if i in ax else n for i, n in enumerate(x.shape) if keepdims or i not in ax)
                 return np.full(shape, empty(x.dtype), x.dtype)
@@ -317,7 +324,7 @@ def _squeeze(node: Node, opset: int) -> Fn:
         raw = _ints(axes) if opset >= 13 else attr_axes
         if not raw:
             return np.squeeze(x)
-        ax = tuple(a % x.ndim for a in raw)
+        ax = tuple(_axis("Squeeze", a, x.ndim) for a in raw)
         if any(x.shape[a] != 1 for a in ax):
             raise ShapeError(f"Squeeze: axes {raw} of shape {x.shape} are not all 1")
         return np.squeeze(x, axis=ax)
@@ -332,7 +339,7 @@ def _unsqueeze(node: Node, opset: int) -> Fn:
     def run(x: np.ndarray, axes: np.ndarray | None = None) -> np.ndarray:
         raw = _ints(axes) if opset >= 13 else list(attr_axes or ())
         rank = x.ndim + len(raw)
-        ax = sorted(a % rank for a in raw)
+        ax = sorted(_axis("Unsqueeze", a, rank) for a in raw)
         if len(set(ax)) != len(ax):
             raise ArgumentError(f"Unsqueeze: repeated axes {raw}")
         return np.expand_dims(x, tuple(ax))
@@ -352,7 +359,7 @@ def _split(node: Node, opset: int) -> Fn:
     attr_split, num_outputs = node.attrs.get("split"), node.attrs.get("num_outputs")
 
     def run(x: np.ndarray, split: np.ndarray | None = None) -> tuple:
-        ax = axis % x.ndim
+        ax = _axis("Split", axis, x.ndim)
         sizes = _ints(split) if opset >= 13 else list(attr_split or ())
         n = x.shape[ax]
         if not sizes:
@@ -394,7 +401,7 @@ def _gather(node: Node, opset: int) -> Fn:
     axis = node.attrs.get("axis", 0)
 
     def run(x: np.ndarray, indices: np.ndarray) -> np.ndarray:
-        ax = axis % x.ndim
+        ax = _axis("Gather", axis, x.ndim)
         dim = x.shape[ax]
         if indices.size and (indices.min() < -dim or indices.max() >= dim):
             raise ArgumentError(f"Gather: indices outside [-{dim}, {dim}) for axis {axis} of shape {x.shape}")

@@ -12,7 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..ir import Graph
+from ...errors import XpuRuntimeError
+from ..ir import Graph, GraphError
 from . import (
     attention_fusion,
     constant_folding,
@@ -75,7 +76,12 @@ def optimize(graph: Graph, level: int, dispatcher: Any = None) -> tuple[Graph, l
         if int(level) < pass_level:
             continue
         before = len(work.nodes)
-        changes = fn(work, ctx)
+        try:
+            changes = fn(work, ctx)
+        except XpuRuntimeError:
+            raise
+        except Exception as exc:  # a pass must never crash a session on an odd graph: say which one
+            raise GraphError(f"graph pass '{name}' failed on this graph: {type(exc).__name__}: {exc}") from exc
         work.verify()
         records.append(PassRecord(name, before, len(work.nodes), changes))
     return work, records

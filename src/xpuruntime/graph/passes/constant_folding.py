@@ -57,10 +57,10 @@ def _gather_of_shape(graph: Graph, node: Node, producers: dict) -> np.ndarray | 
         picked = np.asarray(dims, dtype=object)[indices]
     except IndexError:
         return None
-    flat = list(np.asarray(picked).reshape(-1))
-    if not all(isinstance(d, int) for d in flat):
+    picked = np.asarray(picked, dtype=object)
+    if not all(isinstance(d, int) for d in picked.reshape(-1)):
         return None
-    return np.asarray(picked.astype(np.int64))
+    return picked.astype(np.int64)
 
 
 def run(graph: Graph, ctx: PassContext) -> int:

@@ -1,0 +1,230 @@
+"""Each pass alone: it changes the graph as intended and never what the graph computes (compared with the
+unoptimized graph on random inputs)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from xpuruntime.graph.ir import Graph
+from xpuruntime.graph.passes import (
+    PassContext,
+    attention_fusion,
+    constant_folding,
+    cse,
+    dead_code,
+    elementwise_fusion,
+    gelu_fusion,
+    layer_norm_fusion,
+    layout_cleanup,
+    linear_fusion,
+    optimize,
+    shape_inference,
+)  # fmt: skip
+from xpuruntime.onnx.executor import run_graph
+from xpuruntime.onnx.importer import import_model
+from xpuruntime.registry import default_registry
+
+F = TensorProto.FLOAT
+
+
+def ctx() -> PassContext:
+    return PassContext(frozenset(default_registry().ops))
+
+
+def model(nodes: list, inputs: list, outputs: list, consts: dict[str, np.ndarray]) -> Graph:
+    inits = [numpy_helper.from_array(np.asarray(v), k) for k, v in consts.items()]
+    g = helper.make_graph(nodes, "t", inputs, outputs, inits)
+    graph = import_model(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+    shape_inference.run(graph, ctx())
+    return graph
+
+
+def check_pass(graph: Graph, run_pass, feeds: dict[str, np.ndarray], atol: float = 1e-5) -> Graph:
+    """Apply one pass to a copy; outputs must match the original graph's. Returns the changed graph."""
+    before = run_graph(graph, feeds)
+    changed = graph.copy()
+    assert run_pass(changed, ctx()) > 0, "the pass changed nothing"
+    changed.verify()
+    after = run_graph(changed, feeds)
+    for b, a in zip(before, after):
+        assert a.shape == b.shape and a.dtype == b.dtype
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=atol)
+    return changed
+
+
+def vi(name: str, shape: list, dtype: int = F) -> object:
+    return helper.make_tensor_value_info(name, dtype, shape)
+
+
+rng = np.random.default_rng(0)
+
+
+def test_constant_folding_folds_constants_and_shape_chains() -> None:
+    nodes = [
+        helper.make_node("Add", ["c1", "c2"], ["c3"]),
+        helper.make_node("Shape", ["x"], ["s"]),
+        helper.make_node("Gather", ["s", "one"], ["width"]),  # dim 1 is fixed: foldable
+        helper.make_node("Unsqueeze", ["width", "zero"], ["w1"]),
+        helper.make_node("Concat", ["minus1", "w1"], ["target"], axis=0),
+        helper.make_node("Reshape", ["x", "target"], ["r"]),
+        helper.make_node("Mul", ["r", "c3"], ["y"]),
+    ]
+    consts = {"c1": np.float32(1.5), "c2": np.float32(2.0), "one": np.int64(1), "zero": np.array([0], np.int64),
+              "minus1": np.array([-1], np.int64)}  # fmt: skip
+    g = model(nodes, [vi("x", ["B", 6])], [vi("y", ["B", 6])], consts)
+    out = check_pass(g, constant_folding.run, {"x": rng.standard_normal((4, 6)).astype(np.float32)})
+    dead_code.run(out, ctx())  # the Shape node is now unread
+    assert [n.op for n in out.nodes] == ["Reshape", "Mul"]
+    assert out.initializers["target"].tolist() == [-1, 6]
+
+
+def test_cse_merges_identical_nodes() -> None:
+    nodes = [
+        helper.make_node("Exp", ["x"], ["a"]), helper.make_node("Exp", ["x"], ["b"]),
+        helper.make_node("Add", ["a", "b"], ["y"]),
+    ]  # fmt: skip
+    g = model(nodes, [vi("x", [3, 5])], [vi("y", [3, 5])], {})
+    out = check_pass(g, cse.run, {"x": rng.standard_normal((3, 5)).astype(np.float32)})
+    dead_code.run(out, ctx())
+    assert [n.op for n in out.nodes] == ["Exp", "Add"] and out.nodes[1].inputs == ["a", "a"]
+
+
+def test_dead_code_removes_unused_nodes() -> None:
+    nodes = [helper.make_node("Exp", ["x"], ["unused"]), helper.make_node("Neg", ["x"], ["y"])]
+    g = model(nodes, [vi("x", [4])], [vi("y", [4])], {"spare": np.ones(3, np.float32)})
+    out = check_pass(g, dead_code.run, {"x": rng.standard_normal(4).astype(np.float32)})
+    assert [n.op for n in out.nodes] == ["Neg"] and "spare" not in out.initializers
+
+
+def test_layout_cleanup_removes_needless_moves() -> None:
+    nodes = [
+        helper.make_node("Identity", ["x"], ["i"]),
+        helper.make_node("Transpose", ["i"], ["t1"], perm=[1, 0, 2]),
+        helper.make_node("Transpose", ["t1"], ["t2"], perm=[1, 0, 2]),
+        helper.make_node("Reshape", ["t2", "flat"], ["r1"]),
+        helper.make_node("Reshape", ["r1", "back"], ["r2"]),
+        helper.make_node("ReduceSum", ["r2", "axes"], ["y"], keepdims=0),
+    ]
+    consts = {"flat": np.array([-1], np.int64), "back": np.array([2, 3, 4], np.int64), "axes": np.array([2], np.int64)}
+    g = model(nodes, [vi("x", [2, 3, 4])], [vi("y", [2, 3])], consts)
+    out = check_pass(g, layout_cleanup.run, {"x": rng.standard_normal((2, 3, 4)).astype(np.float32)})
+    dead_code.run(out, ctx())
+    assert [n.op for n in out.nodes] == ["ReduceSum"] and out.nodes[0].inputs[0] == "x"
+
+
+def test_layout_cleanup_removes_reshape_sandwich_around_matmul() -> None:
+    w = rng.standard_normal((4, 5)).astype(np.float32)
+    nodes = [
+        helper.make_node("Reshape", ["x", "to2d"], ["x2"]),
+        helper.make_node("MatMul", ["x2", "w"], ["m"]),
+        helper.make_node("Reshape", ["m", "to3d"], ["y"]),
+    ]
+    consts = {"w": w, "to2d": np.array([6, 4], np.int64), "to3d": np.array([2, 3, 5], np.int64)}
+    g = model(nodes, [vi("x", [2, 3, 4])], [vi("y", [2, 3, 5])], consts)
+    out = check_pass(g, layout_cleanup.run, {"x": rng.standard_normal((2, 3, 4)).astype(np.float32)})
+    dead_code.run(out, ctx())
+    assert [n.op for n in out.nodes] == ["MatMul"] and out.nodes[0].inputs[0] == "x"
+
+
+def gelu_nodes(x: str, y: str) -> list:
+    return [
+        helper.make_node("Div", [x, "sqrt2"], [y + "_d"]), helper.make_node("Erf", [y + "_d"], [y + "_e"]),
+        helper.make_node("Add", [y + "_e", "one"], [y + "_a"]), helper.make_node("Mul", [x, y + "_a"], [y + "_m"]),
+        helper.make_node("Mul", [y + "_m", "half"], [y]),
+    ]  # fmt: skip
+
+
+GELU_CONSTS = {"sqrt2": np.float32(math.sqrt(2)), "one": np.float32(1), "half": np.float32(0.5)}
+
+
+def test_gelu_fusion() -> None:
+    g = model(gelu_nodes("x", "y"), [vi("x", [3, 7])], [vi("y", [3, 7])], GELU_CONSTS)
+    out = check_pass(g, gelu_fusion.run, {"x": rng.standard_normal((3, 7)).astype(np.float32) * 3})
+    assert [n.op for n in out.nodes] == ["Gelu"]
+
+
+def test_layer_norm_fusion() -> None:
+    nodes = [
+        helper.make_node("ReduceMean", ["x"], ["mean"], axes=[-1]),
+        helper.make_node("Sub", ["x", "mean"], ["d"]),
+        helper.make_node("Pow", ["d", "two"], ["sq"]),
+        helper.make_node("ReduceMean", ["sq"], ["var"], axes=[-1]),
+        helper.make_node("Add", ["var", "eps"], ["ve"]),
+        helper.make_node("Sqrt", ["ve"], ["std"]),
+        helper.make_node("Div", ["d", "std"], ["n"]),
+        helper.make_node("Mul", ["n", "gamma"], ["s"]),
+        helper.make_node("Add", ["s", "beta"], ["y"]),
+    ]
+    consts = {"two": np.float32(2), "eps": np.float32(1e-5), "gamma": rng.standard_normal(8).astype(np.float32),
+              "beta": rng.standard_normal(8).astype(np.float32)}  # fmt: skip
+    g = import_model(helper.make_model(
+        helper.make_graph(nodes, "t", [vi("x", [2, 5, 8])], [vi("y", [2, 5, 8])],
+                          [numpy_helper.from_array(np.asarray(v), k) for k, v in consts.items()]),
+        opset_imports=[helper.make_opsetid("", 13)]))  # fmt: skip
+    shape_inference.run(g, ctx())
+    out = check_pass(g, layer_norm_fusion.run, {"x": rng.standard_normal((2, 5, 8)).astype(np.float32)})
+    assert [n.op for n in out.nodes] == ["LayerNormalization"]
+
+
+def test_attention_fusion() -> None:
+    nodes = [
+        helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+        helper.make_node("MatMul", ["q", "kt"], ["s"]),
+        helper.make_node("Div", ["s", "scale"], ["s2"]),
+        helper.make_node("Add", ["s2", "mask"], ["s3"]),
+        helper.make_node("Softmax", ["s3"], ["p"], axis=-1),
+        helper.make_node("MatMul", ["p", "v"], ["y"]),
+    ]
+    shape = [2, 3, 5, 4]
+    g = model(nodes, [vi("q", shape), vi("k", shape), vi("v", shape), vi("mask", [2, 1, 1, 5])], [vi("y", shape)],
+              {"scale": np.float32(2.0)})  # fmt: skip
+    feeds = {n: rng.standard_normal(shape).astype(np.float32) for n in "qkv"}
+    feeds["mask"] = np.where(rng.random((2, 1, 1, 5)) < 0.3, -1e4, 0).astype(np.float32)
+    out = check_pass(g, attention_fusion.run, feeds)
+    dead_code.run(out, ctx())  # the K^T transpose is now unread
+    assert [n.op for n in out.nodes] == ["attention"] and out.nodes[0].attrs["scale"] == 0.5
+
+
+def test_linear_fusion() -> None:
+    w, b = rng.standard_normal((6, 4)).astype(np.float32), rng.standard_normal(4).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Add", ["m", "b"], ["a"]),
+             helper.make_node("Relu", ["a"], ["y"])]  # fmt: skip
+    g = model(nodes, [vi("x", [2, 3, 6])], [vi("y", [2, 3, 4])], {"w": w, "b": b})
+    out = check_pass(g, linear_fusion.run, {"x": rng.standard_normal((2, 3, 6)).astype(np.float32)})
+    assert [n.op for n in out.nodes] == ["linear"] and out.nodes[0].attrs["activation"] == "relu"
+
+
+def test_elementwise_fusion_makes_one_node_per_chain() -> None:
+    nodes = [*gelu_nodes("x", "g"), helper.make_node("Add", ["g", "bias"], ["h"]),
+             helper.make_node("Tanh", ["h"], ["y"])]  # fmt: skip
+    consts = {**GELU_CONSTS, "bias": rng.standard_normal(7).astype(np.float32)}
+    g = model(nodes, [vi("x", [3, 7])], [vi("y", [3, 7])], consts)
+    out = check_pass(g, elementwise_fusion.run, {"x": rng.standard_normal((3, 7)).astype(np.float32)})
+    assert [n.op for n in out.nodes] == ["fused_elementwise"]
+    program = out.nodes[0].attrs["program"]
+    assert [i[0] for i in program] == ["div", "erf", "add", "mul", "mul", "add", "tanh"]
+    assert out.nodes[0].inputs == ["x", "bias"]
+
+
+def test_elementwise_fusion_keeps_values_read_outside_the_chain() -> None:
+    nodes = [helper.make_node("Exp", ["x"], ["e"]), helper.make_node("Neg", ["e"], ["n"]),
+             helper.make_node("MatMul", ["e", "n"], ["y"])]  # fmt: skip
+    g = model(nodes, [vi("x", [4, 4])], [vi("y", [4, 4])], {})
+    out = check_pass(g, elementwise_fusion.run, {"x": rng.standard_normal((4, 4)).astype(np.float32)})
+    assert [n.op for n in out.nodes] == ["fused_elementwise", "fused_elementwise", "MatMul"]
+
+
+@pytest.mark.parametrize("level", [0, 1, 2, 99])
+def test_pipeline_levels_keep_outputs(level: int) -> None:
+    nodes = [*gelu_nodes("x", "y0"), helper.make_node("Softmax", ["y0"], ["y"], axis=-1)]
+    g = model(nodes, [vi("x", [3, 7])], [vi("y", [3, 7])], GELU_CONSTS)
+    feeds = {"x": rng.standard_normal((3, 7)).astype(np.float32)}
+    optimized, records = optimize(g, level)
+    assert records[0].name == "shape_inference"
+    np.testing.assert_allclose(run_graph(optimized, feeds)[0], run_graph(g, feeds)[0], rtol=1e-5, atol=1e-6)
+    if level == 99:
+        assert [n.op for n in optimized.nodes] == ["fused_elementwise", "Softmax"]

@@ -1,0 +1,63 @@
+"""The ONNX backend node tests shipped with the `onnx` package, run in memory through the
+`onnx.backend.base.Backend` adapter, for every op the session claims, at every optimization level.
+Cases using an op or dtype the session does not claim are reported as skipped."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+from onnx.backend.test.loader import load_model_tests
+
+from xpuruntime.onnx.backend import XrtBackend, claims
+
+LEVELS = ("disabled", "basic", "extended", "all")
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")  # the generators of some cases overflow on purpose
+    CASES = load_model_tests(kind="node")
+CLAIMED = [c for c in CASES if claims(c.model)]
+UNCLAIMED = [c for c in CASES if not claims(c.model)]
+
+
+def _array(x: object) -> np.ndarray:
+    return numpy_helper.to_array(x) if isinstance(x, onnx.TensorProto) else np.asarray(x)
+
+
+def _feeds(case: object, inputs: list) -> list[np.ndarray]:
+    """Inputs as arrays of the declared dtypes (a few cases store them as TensorProtos or strings)."""
+    initializers = {i.name for i in case.model.graph.initializer}
+    declared = [
+        onnx.helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type)
+        for i in case.model.graph.input
+        if i.name not in initializers
+    ]
+    arrays = [_array(x) for x in inputs]
+    return [a.astype(d) if a.dtype == object else a for a, d in zip(arrays, declared)]
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("case", CLAIMED, ids=lambda c: c.name)
+def test_node(case: object, level: str) -> None:
+    rep = XrtBackend.prepare(case.model, level=level)
+    for inputs, outputs in case.data_sets:
+        got = rep.run(_feeds(case, inputs))
+        assert len(got) == len(outputs)
+        for g, e in zip(got, outputs):
+            e = _array(e)
+            assert g.dtype == e.dtype and g.shape == e.shape, f"got {g.dtype}{g.shape}, expected {e.dtype}{e.shape}"
+            np.testing.assert_allclose(g, e, rtol=case.rtol, atol=case.atol, equal_nan=True)
+
+
+@pytest.mark.parametrize("case", UNCLAIMED, ids=lambda c: c.name)
+def test_node_unclaimed(case: object) -> None:
+    pytest.skip("uses an op or dtype the session does not claim")
+
+
+def test_claimed_ops_all_have_node_tests() -> None:
+    """Guard against a claim list that silently stops matching the suite."""
+    ops = {n.op_type for c in CLAIMED for n in c.model.graph.node}
+    assert {"MatMul", "Softmax", "LayerNormalization", "Gather", "Slice", "Reshape", "Erf", "Where"} <= ops
