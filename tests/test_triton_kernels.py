@@ -20,6 +20,7 @@ from triton_harness import (
     poisoned,
     rerun_under_interpreter,
     size,
+    torch,
 )  # fmt: skip
 
 import xpuruntime as xrt
@@ -332,3 +333,87 @@ def test_policy_naming_all_triton_kernels_runs_each_of_them(rng) -> None:
     logs = xrt.get_dispatch_logs()
     assert {(r.op_name, r.selected_kernel) for r in logs} == {(op, "triton") for op in [*POLICY_ALL, "matmul"]}
     assert all(r.backend == "triton" for r in logs)
+
+
+# -- fused elementwise: generated kernels -----------------------------------------------------------
+
+UNARY_OPS = ["neg", "abs", "exp", "log", "sqrt", "rsqrt", "reciprocal", "tanh", "erf", "sigmoid", "relu", "gelu",
+             "gelu_tanh", "sin", "cos", "copy"]  # fmt: skip
+BINARY_OPS = ["add", "sub", "mul", "div", "pow", "max", "min"]
+
+
+def _fused(program: tuple, *inputs, dtype: str = "float32", out=None):
+    from xpuruntime.ops.fused_elementwise import fused_elementwise
+
+    with strict(fused_elementwise="triton"):
+        return fused_elementwise(program, *inputs, dtype=dtype, out=out)
+
+
+@kernel_test
+@pytest.mark.parametrize("name", UNARY_OPS + BINARY_OPS)
+def test_fused_elementwise_each_op_with_broadcasting(rng, name: str) -> None:
+    from xpuruntime.ops.fused_elementwise import reference
+
+    x = make(rng, size((2049, 4097), (7, 13)), "float32")
+    b = make(rng, (x.shape[1],), "float32")
+    if name in ("log", "sqrt", "rsqrt", "pow"):  # positive arguments: |x| + 0.5
+        program = (
+            ("abs", ("in", 0)),
+            ("add", ("t", 0), ("c", 0.5)),
+            (name, ("t", 1), *([("in", 1)] if name == "pow" else [])),
+        )
+    elif name in BINARY_OPS:
+        program = ((name, ("in", 0), ("in", 1)), ("mul", ("t", 0), ("c", 0.75)))
+    else:
+        program = (("add", ("in", 0), ("in", 1)), (name, ("t", 0)))
+    ref = reference(f64(x), f64(b), program=program)
+    out = poisoned(ref.shape, "float32")
+    _fused(program, x, b, out=out)
+    assert_close(out, ref, "float32", tol=1e-5 if name != "gelu_tanh" or ON_GPU else 2e-5)
+
+
+@kernel_test
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fused_elementwise_chain_mixed_inputs_strided_out(rng, dtype: str) -> None:
+    """gelu(x * w + b) - relu(mask * 2): float, int and bool inputs, a strided x, a strided out."""
+    from xpuruntime.ops.fused_elementwise import reference
+
+    x = make(rng, (6, 20, 9), "float32", view=lambda t: t[:, ::2, 1:])
+    w = make(rng, (10, 1), "float32")
+    b = make(rng, (8,), dtype)
+    mask_np = rng.random((6, 1, 8)) > 0.5
+    mask = torch.tensor(mask_np, device="cuda") if ON_GPU else mask_np
+    program = (("mul", ("in", 0), ("in", 1)), ("add", ("t", 0), ("in", 2)), ("gelu", ("t", 1)),
+               ("mul", ("in", 3), ("c", 2.0)), ("relu", ("t", 3)), ("sub", ("t", 2), ("t", 4)))  # fmt: skip
+    ref = reference(f64(x), f64(w), f64(b), mask_np.astype(np.float64), program=program)
+    out = poisoned((6, 10, 16), dtype)[:, :, ::2]
+    _fused(program, x, w, b, mask, dtype=dtype, out=out)
+    assert_close(out, ref, dtype)
+
+
+@kernel_test
+def test_fused_elementwise_special_values_and_empty(rng) -> None:
+    from xpuruntime.ops.fused_elementwise import reference
+
+    xs = np.array([-2.0, -2.0, -0.5, 0.0, 0.0, 3.0, np.nan, -1.0], np.float32)
+    ys = np.array([3.0, 2.0, 0.5, 0.0, 2.0, -1.0, 1.0, np.nan], np.float32)
+    as_device = (lambda a: torch.tensor(a, device="cuda")) if ON_GPU else (lambda a: a)
+    for program in ((("pow", ("in", 0), ("in", 1)),), (("max", ("in", 0), ("in", 1)),),
+                    (("min", ("in", 0), ("c", float("inf"))), ("relu", ("t", 0)))):  # fmt: skip
+        n_in = 2 if any(r == ("in", 1) for instr in program for r in instr[1:]) else 1
+        ins = [as_device(xs), as_device(ys)][:n_in]
+        ref = reference(xs, *([ys] if n_in == 2 else []), program=program)
+        assert_close(_fused(program, *ins), ref, "float32")
+    empty = make(rng, (0, 4), "float32")
+    assert tuple(_fused((("exp", ("in", 0)),), empty).shape) == (0, 4)
+
+
+@kernel_test
+def test_fused_elementwise_generates_one_kernel_per_program() -> None:
+    from xpuruntime.backends.triton.elementwise import fused_kernel, kernel_source
+
+    program = (("mul", ("in", 0), ("c", 3.0)), ("sin", ("t", 0)))
+    assert fused_kernel(program, 1) is fused_kernel(program, 1)
+    assert fused_kernel(program, 1) is not fused_kernel(program, 2)
+    source = kernel_source(program, 1)
+    assert source.count("tl.store") == 2 and "t1 = " in source and "t2 = " not in source
