@@ -39,6 +39,13 @@ def _mm(args):
     out.copy_(torch.matmul(a.double(), b.double()))
 
 
+def _linear(args):
+    CALLS["linear"] += 1
+    (x, w, b), out = _tensors(args)
+    y = torch.matmul(x.double(), w.double().t())
+    out.copy_(y if b is None else y + b.double())
+
+
 def _attention(args):
     CALLS["attention"] += 1
     inputs, out = _tensors(args)
@@ -92,6 +99,7 @@ def make_registry() -> Registry:
     registry.register_backend(Backend("torchcpu", "cpu", empty=_empty))
     specs = [
         kernel("matmul", "test_mm", backend="torchcpu", dtypes={"float32", "float16"})(_mm),
+        kernel("linear", "test_mm", backend="torchcpu", dtypes={"float32", "float16"})(_linear),
         kernel("attention", "test_attention", backend="torchcpu", dtypes=_DTYPES)(_attention),
         kernel("layer_norm", "test_ln", backend="torchcpu", dtypes=_DTYPES)(_layer_norm),
         kernel("rms_norm", "test_rms", backend="torchcpu", dtypes=_DTYPES)(_rms_norm),

@@ -73,11 +73,26 @@ def test_linear_and_matmul_forward_and_backward_follow_the_policy(cpu_routing, s
     got = _linear_model_grads(x)
     logs = xrt.get_dispatch_logs()
     # forward: linear (addmm or mm) and the @ ; backward: dx and dW of each product
-    assert CALLS["matmul"] >= 5
-    assert {r.selected_kernel for r in logs if r.op_name == "matmul"} == {"test_mm"}
+    assert CALLS["matmul"] + CALLS["linear"] >= 5
+    assert {r.selected_kernel for r in logs if r.op_name in ("matmul", "linear")} == {"test_mm"}
     assert all(r.reason == "policy" for r in logs)
     for e, g in zip(expected, got):
         torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5)
+
+
+def test_linear_with_bias_uses_the_linear_op_under_the_matmul_name(cpu_routing):
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(9, 5)
+    x = torch.randn(7, 9)
+    expected = lin(x)
+    xtorch.set_kernel_policy(policy("matmul", registry=cpu_routing))
+    xrt.enable_dispatch_logging()
+    got = lin(x)
+    assert CALLS["linear"] == 1 and CALLS["matmul"] == 0
+    assert [(r.op_name, r.selected_kernel, r.reason) for r in xrt.get_dispatch_logs()] == [
+        ("linear", "test_mm", "policy")
+    ]
+    torch.testing.assert_close(got, expected)
 
 
 def test_bmm_non_contiguous_and_modes(cpu_routing):

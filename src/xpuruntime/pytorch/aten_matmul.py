@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import torch
 
-from ..policy import current_policy
-from .routing import attrs_for, dispatch, has_op, tls
+from .. import policy as _core_policy
+from ..policy import KernelPolicy, current_policy
+from .routing import attrs_for, dispatch, get_dispatcher, tls
+
+_linear_policies: dict[tuple, KernelPolicy | None] = {}  # (policy, registry state) -> policy naming linear
 
 # the out= overloads are separate aten operators (never overridden); the torch.* bindings reach them
 # with less Python overhead than torch.ops.aten.*.out
@@ -36,14 +39,46 @@ def bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return _bmm_out(a, b, out=a.new_empty((a.shape[0], a.shape[1], b.shape[2])))
 
 
+def _linear_policy(policy: KernelPolicy) -> KernelPolicy | None:
+    """The policy for an addmm routed to `linear`: as is when it names linear; when it names only matmul
+    and `linear` has a kernel of that name (cublasLt's fused bias epilogue), that name for linear too."""
+    registry = get_dispatcher().registry
+    key = (policy.fingerprint, id(registry), registry.generation)
+    if key not in _linear_policies:
+        derived = None
+        if "linear" in registry.ops:
+            name = policy.preferences.get("linear")
+            if name is not None:
+                derived = policy
+            elif policy.preferences.get("matmul") in registry.kernels["linear"]:
+                prefs = {**policy.preferences, "linear": policy.preferences["matmul"]}
+                options = {"strict": policy.strict, "math_mode": policy.math_mode, "sync": policy.sync}
+                derived = KernelPolicy(prefs, deterministic=policy.deterministic, validate=False, **options)
+        _linear_policies[key] = derived
+    return _linear_policies[key]
+
+
+def _as_linear(bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor, policy: KernelPolicy) -> torch.Tensor | None:
+    derived = _linear_policy(policy)
+    if derived is None:
+        return None
+    attrs = attrs_for("linear", {})
+    if derived is policy:
+        return dispatch("linear", (a, b.t(), bias), attrs)
+    with _core_policy.kernel_policy(derived):
+        return dispatch("linear", (a, b.t(), bias), attrs)
+
+
 def addmm(bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, beta: float = 1, alpha: float = 1) -> torch.Tensor:
-    """aten::addmm (nn.Linear with bias): `linear` when the policy names it and the call is a plain
-    x Wᵀ + b, else `matmul` followed by the scaled bias add, else PyTorch's kernel."""
+    """aten::addmm (nn.Linear with bias): the `linear` op (fused bias epilogue) for a plain x Wᵀ + b when
+    the policy names linear, or names for matmul a kernel that linear also has; else `matmul` followed
+    by the scaled bias add; else PyTorch's kernel."""
     if not tls.busy:
-        prefs = current_policy().preferences
+        policy = current_policy()
+        prefs = policy.preferences
         out = None
-        if "linear" in prefs and beta == 1 and alpha == 1 and bias.dim() == 1 and has_op("linear"):
-            out = dispatch("linear", (a, b.t(), bias), attrs_for("linear", {}))
+        if beta == 1 and alpha == 1 and bias.dim() == 1 and ("linear" in prefs or "matmul" in prefs):
+            out = _as_linear(bias, a, b, policy)
         if out is None and "matmul" in prefs:
             out = dispatch("matmul", (a, b))
             if out is not None:
