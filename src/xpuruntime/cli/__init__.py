@@ -1,9 +1,10 @@
-"""The `xpuruntime` command: info, kernels, explain and demo.
+"""The `xpuruntime` command: info, kernels, explain, demo and bench.
 
     xpuruntime info
     xpuruntime kernels matmul
     xpuruntime explain matmul --shape 256x512 --shape 512x128 --dtype float16 --policy matmul=blocked
     xpuruntime demo --trace trace.json
+    xpuruntime bench --only norm --out bench-results
 
 Errors the runtime reports (unknown names, bad shapes, bad policies) become a one-line message on stderr
 and exit code 2, as argparse does for usage errors.
@@ -128,6 +129,7 @@ def cmd_info(args: argparse.Namespace, console: Console) -> int:
 
     from ..registry import default_registry
     from ..runtime.device import devices, probe_report
+    from ..runtime.tuning_cache import cache_dir
 
     versions = _table("Versions", ("package", "version"))
     versions.add_row("xpuruntime", __version__)
@@ -156,6 +158,9 @@ def cmd_info(args: argparse.Namespace, console: Console) -> int:
     console.print(table)
     for line in probe_report() or ["a CUDA device was found"]:
         console.print(f"CUDA probe: {escape(line)}", highlight=False)
+    gpu = [b.name for b in registry.backends.values() if b.device_type == "cuda" and b.unavailable_reason is None]
+    console.print(f"GPU backends available: {', '.join(gpu) or 'none'}", highlight=False)
+    console.print(f"Tuning cache: {escape(str(cache_dir()))} (set XPURUNTIME_CACHE_DIR to move it)", highlight=False)
     return 0
 
 
@@ -204,6 +209,15 @@ def cmd_demo(args: argparse.Namespace, console: Console) -> int:
     return run_demo(console, iterations=args.iterations, size=args.size, trace=args.trace)
 
 
+def cmd_bench(args: argparse.Namespace, console: Console) -> int:
+    """Our kernels beside their anchors (see xpuruntime.bench): JSON, markdown and a PNG of ratios."""
+    from pathlib import Path
+
+    from ..bench import run_cli
+
+    return run_cli(args.only, Path(args.out), args.list)
+
+
 # -- the parser ----------------------------------------------------------------------------------
 def _positive_int(text: str) -> int:
     """argparse type for --iterations: an integer >= 1."""
@@ -238,6 +252,12 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--trace", help="profile the auto run and write a Chrome trace here")
     demo.add_argument("--size", choices=("small", "medium"), default="small")
     demo.set_defaults(handler=cmd_demo)
+
+    bench = commands.add_parser("bench", help="benchmark our kernels beside their anchors (GPU)")
+    bench.add_argument("--only", action="append", help="rows whose name or group contains this (repeatable)")
+    bench.add_argument("--out", default="bench-results", help="folder for results.json, results.md, ratios.png")
+    bench.add_argument("--list", action="store_true", help="list the rows and exit")
+    bench.set_defaults(handler=cmd_bench)
     return parser
 
 
