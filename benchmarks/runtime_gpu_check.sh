@@ -1,11 +1,20 @@
 #!/usr/bin/env bash
-# The runtime engineer's GPU run: runtime/dispatch/bench tests on the GPU, then the dispatch-overhead
-# rows (CPU and CUDA). Writes logs and JSON into $OUT (or ./gpu-out). Usage: bash benchmarks/runtime_gpu_check.sh
+# The runtime engineer's GPU run: runtime/dispatch/bench/CLI tests on the GPU, the dispatch-overhead rows
+# (CPU and CUDA), `xpuruntime info` and `xpuruntime demo`. Logs and JSON go to $OUT (default ./gpu-out);
+# a short summary is printed last. Usage: bash benchmarks/runtime_gpu_check.sh
 set -u
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
 export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__, torch.cuda.get_device_name())'
 timeout 240 python3 -m pytest -q -p no:cacheprovider -rs tests/test_cuda_dispatch.py tests/test_runtime_allocator.py \
-    tests/test_runtime_streams.py tests/test_runtime_tuning_cache.py tests/test_bench.py 2>&1 | tee "$OUT/pytest_runtime_gpu.txt"
-timeout 200 python3 benchmarks/dispatch_overhead.py --json "$OUT/dispatch_overhead_gpu.json" 2>&1 | tee "$OUT/dispatch_overhead_gpu.txt"
+    tests/test_runtime_streams.py tests/test_runtime_tuning_cache.py tests/test_bench.py tests/test_runtime_cli.py \
+    > "$OUT/pytest_runtime_gpu.txt" 2>&1
+timeout 200 python3 benchmarks/dispatch_overhead.py --json "$OUT/dispatch_overhead_gpu.json" > "$OUT/dispatch_overhead_gpu.txt" 2>&1
+timeout 60 python3 -m xpuruntime info > "$OUT/info_gpu.txt" 2>&1
+timeout 120 python3 -m xpuruntime demo --iterations 1 > "$OUT/demo_gpu.txt" 2>&1
+echo "demo exit code: $?"
+echo "== info (tail)"; tail -22 "$OUT/info_gpu.txt"
+echo "== demo (tail)"; tail -30 "$OUT/demo_gpu.txt"
+echo "== pytest"; grep -E "FAILED|ERROR|SKIPPED|passed|failed" "$OUT/pytest_runtime_gpu.txt" | tail -30
+echo "== dispatch overhead"; cat "$OUT/dispatch_overhead_gpu.txt"
