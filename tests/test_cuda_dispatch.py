@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import xpuruntime as xrt
 from xpuruntime.abi import ArgPack
@@ -232,3 +234,21 @@ def test_registered_gpu_kernels_match_float64_references():
         ran += 1
     if not ran:
         pytest.skip("no CUDA kernels registered yet")
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    shape=st.lists(st.integers(0, 9), min_size=1, max_size=3),
+    step=st.integers(1, 3),
+    op=st.sampled_from(["sin_affine", "sum", "softmax"]),
+    dtype=st.sampled_from([torch.float32, torch.float64, torch.float16]),
+)
+def test_cpu_tensors_give_exactly_what_numpy_arrays_give(shape, step, op, dtype):
+    base = torch.randn(*shape[:-1], shape[-1] * step + 1).to(dtype)
+    x = base[..., 1::step]  # strided whenever step > 1, offset always
+    call = {"sin_affine": lambda t: xrt.ops.sin_affine(t, 0.7, 0.1), "sum": lambda t: xrt.ops.sum(t, -1),
+            "softmax": lambda t: xrt.ops.softmax(t, -1)}[op]  # fmt: skip
+    got = call(x)
+    want = call(x.numpy())
+    assert isinstance(got, torch.Tensor) and got.dtype == dtype
+    np.testing.assert_array_equal(got.numpy(), want)
