@@ -231,6 +231,9 @@ def test_registered_gpu_kernels_match_float64_references():
         ref = schema.reference(*[a.cpu().double().numpy() if isinstance(a, torch.Tensor) else a for a in args(x)])
         tol = 5e-4 if op == "matmul" else 1e-5  # matmul may use TF32 on the GPU
         assert rel_err(y.cpu().double().numpy(), ref) < tol, op
+        out = torch.full_like(y, float("nan"))  # poisoned: an unwritten element shows as NaN
+        assert getattr(xrt.ops, op)(*args(x), out=out) is out
+        assert rel_err(out.cpu().double().numpy(), ref) < tol, f"{op} with out="
         ran += 1
     if not ran:
         pytest.skip("no CUDA kernels registered yet")
