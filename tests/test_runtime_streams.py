@@ -37,7 +37,8 @@ def test_events_follow_work_on_a_side_stream():
     z = y.sum()
     done.synchronize()
     assert done.query() is True
-    torch.testing.assert_close(z, (x.double() @ x.double()).sum().float(), rtol=1e-2, atol=1e-1)
+    reference = x.double() @ x.double()
+    assert torch.isfinite(z) and float((y.double() - reference).norm() / reference.norm()) < 1e-3
     start = side.record_event(timing=True)
     with side:
         torch.cuda._sleep(1_000_000)
