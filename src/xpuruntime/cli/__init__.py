@@ -258,6 +258,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--out", default="bench-results", help="folder for results.json, results.md, ratios.png")
     bench.add_argument("--list", action="store_true", help="list the rows and exit")
     bench.set_defaults(handler=cmd_bench)
+
+    from .run import add_parser as add_run_parser  # the InferenceSession command lives in its own module
+
+    add_run_parser(commands)
     return parser
 
 

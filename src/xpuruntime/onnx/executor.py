@@ -180,7 +180,9 @@ class Planner:
             try:
                 plan = self.dispatcher.plan(op, *[None if p is None else args[p] for p in positions], **attrs)
                 arity = len(self.dispatcher.registry.op(op).inputs)
-                return _kernel_step(node, [0 if p is None else ins[p] for p in positions], outs, plan, arity)
+                return _kernel_step(
+                    node, [0 if p is None else ins[p] for p in positions], outs, plan, arity, self.dispatcher
+                )
             except XpuRuntimeError as exc:
                 if node.domain == XRT_DOMAIN:
                     return _reference_step(node, ins, outs, self.dispatcher, f"no kernel: {exc}")
@@ -231,20 +233,20 @@ def _numpy_step(node: Node, ins: tuple, outs: tuple, fn: Callable, note: str) ->
     return step
 
 
-def _kernel_step(node: Node, ins: list[int], outs: tuple, plan: Any, arity: int) -> Step:
+def _kernel_step(node: Node, ins: list[int], outs: tuple, plan: Any, arity: int, dispatcher: Dispatcher) -> Step:
     step = Step(node, "kernel", tuple(ins), outs, plan=plan)
     padded = (*ins, *(0,) * (arity - len(ins)))  # slot 0 always holds None: optional inputs left out
     (o,) = outs[:1]
     launch, attrs, config = plan.launch, plan.attrs, plan.config
     allocate, finish, current_stream = plan.allocate, plan.finish, plan.current_stream
-    workspace_bytes = plan.workspace_bytes
+    workspace_bytes, lend = plan.workspace_bytes, dispatcher.workspaces.lend
 
     def run(env: list) -> None:
         stream = None if current_stream is None else current_stream(plan.device)
         out = step.buffer if step.buffer is not None else allocate(stream)
         workspace = None
         if workspace_bytes:
-            workspace = plan.empty((workspace_bytes,), "uint8", plan.device, stream)
+            workspace = lend(workspace_bytes, plan.device, plan.empty, stream)
         launch(ArgPack(tuple([env[i] for i in padded]), out, attrs, config, workspace, stream))
         if finish is not None:
             finish(stream)

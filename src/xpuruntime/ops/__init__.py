@@ -3,6 +3,7 @@ front-end function; kernels live in the backends. The registry finds every modul
 
 from .attention import attention
 from .elementwise import sin_affine
+from .fused_elementwise import fused_elementwise
 from .linear import linear
 from .linear_backward import linear_grad_input, linear_grad_weight, split_weight_grad
 from .matmul import matmul
@@ -12,6 +13,7 @@ from .reduction import sum
 from .softmax import softmax
 
 __all__ = [
-    "attention", "layer_norm", "layer_norm_backward", "linear", "linear_grad_input", "linear_grad_weight",
-    "matmul", "rms_norm", "rms_norm_backward", "sin_affine", "softmax", "split_weight_grad", "sum",
+    "attention", "fused_elementwise", "layer_norm", "layer_norm_backward", "linear", "linear_grad_input",
+    "linear_grad_weight", "matmul", "rms_norm", "rms_norm_backward", "sin_affine", "softmax", "split_weight_grad",
+    "sum",
 ]  # fmt: skip

@@ -1,8 +1,9 @@
 """CPU kernel for fused_elementwise: one generated NumPy function per (program, output dtype), cached.
 
-The generated function converts each input to the compute dtype once, runs the instructions with
-NumPy ufuncs, reuses a temporary in place once its last reader has run (when it has the full output
-shape), and writes the last instruction straight into `out` when the dtypes allow it.
+Every instruction runs as a NumPy ufunc (or a small helper made of ufuncs) writing into a preallocated
+register: registers are full-output-shape slices of the kernel's workspace, assigned by liveness at
+code-generation time, so a steady run allocates nothing. The last instruction writes straight into
+`out` when it has the compute dtype.
 """
 
 from __future__ import annotations
@@ -20,61 +21,93 @@ from .common import CPU_FLOAT_DTYPES
 
 _A1, _A2, _A3, _A4, _A5, _P = 0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429, 0.3275911
 _exact_erf = np.vectorize(math.erf, otypes=[np.float64])
+_SQRT1_2 = 1.0 / math.sqrt(2.0)
+_TANH_C = math.sqrt(2.0 / math.pi)
 
 
-def erf(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    """erf: exact (math.erf) for float64; Abramowitz-Stegun 7.1.26 in float64 (|error| < 1.5e-7) else."""
-    if x.dtype == np.float64:
-        result = _exact_erf(x)
-    else:
-        x64 = np.asarray(x, np.float64)
-        t = 1.0 / (1.0 + _P * np.abs(x64))
-        poly = ((((_A5 * t + _A4) * t + _A3) * t + _A2) * t + _A1) * t
-        result = np.copysign(1.0 - poly * np.exp(-x64 * x64), x64).astype(x.dtype)
-    if out is None:
-        return result
-    np.copyto(out, result, casting="unsafe")
+def _erf_into(x: np.ndarray, out: np.ndarray, a: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """erf(x) into `out` (Abramowitz-Stegun 7.1.26, |error| < 1e-6 in fp32; exact in fp64)."""
+    if out.dtype == np.float64:
+        np.copyto(out, _exact_erf(x))
+        return out
+    f = out.dtype.type
+    np.abs(x, out=a)
+    np.multiply(a, f(_P), out=t)
+    t += f(1.0)
+    np.reciprocal(t, out=t)
+    np.multiply(t, f(_A5), out=out)
+    for c in (_A4, _A3, _A2, _A1):
+        out += f(c)
+        out *= t
+    np.square(a, out=a)
+    np.negative(a, out=a)
+    np.exp(a, out=a)
+    out *= a
+    np.subtract(f(1.0), out, out=out)
+    return np.copysign(out, x, out=out)
+
+
+def erf(x: np.ndarray) -> np.ndarray:
+    """erf of any float array in its own dtype (float16 computes in float32)."""
+    work = np.dtype(np.float32 if x.dtype != np.float64 else np.float64)
+    out, a, t = (np.empty(x.shape, work) for _ in range(3))
+    return _erf_into(x.astype(work, copy=False), out, a, t).astype(x.dtype, copy=False)
+
+
+def _gelu(x: np.ndarray, out: np.ndarray, s1: np.ndarray, s2: np.ndarray, s3: np.ndarray) -> np.ndarray:
+    f = out.dtype.type
+    np.multiply(x, f(_SQRT1_2), out=s1)
+    _erf_into(s1, out, s2, s3)
+    out += f(1.0)
+    out *= x
+    out *= f(0.5)
     return out
 
 
-def _gelu(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    y = erf(x * x.dtype.type(1.0 / math.sqrt(2.0)))
-    y += 1.0
-    y *= x
-    return np.multiply(y, x.dtype.type(0.5), out=out)
+def _gelu_tanh(x: np.ndarray, out: np.ndarray, s1: np.ndarray, *_: np.ndarray) -> np.ndarray:
+    f = out.dtype.type
+    np.multiply(x, x, out=s1)
+    s1 *= x
+    s1 *= f(0.044715)
+    s1 += x
+    s1 *= f(_TANH_C)
+    np.tanh(s1, out=s1)
+    s1 += f(1.0)
+    s1 *= x
+    return np.multiply(s1, f(0.5), out=out)
 
 
-def _gelu_tanh(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    c = x.dtype.type(math.sqrt(2.0 / math.pi))
-    y = np.tanh(c * (x + x.dtype.type(0.044715) * x * x * x))
-    y += 1.0
-    y *= x
-    return np.multiply(y, x.dtype.type(0.5), out=out)
+def _erf(x: np.ndarray, out: np.ndarray, s1: np.ndarray, s2: np.ndarray, *_: np.ndarray) -> np.ndarray:
+    return _erf_into(x, out, s1, s2)
 
 
-def _sigmoid(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    y = np.negative(x, out=out)
-    np.exp(y, out=y)
-    y += 1.0
-    return np.reciprocal(y, out=y)
+def _sigmoid(x: np.ndarray, out: np.ndarray) -> np.ndarray:
+    np.negative(x, out=out)
+    np.exp(out, out=out)
+    out += out.dtype.type(1.0)
+    return np.reciprocal(out, out=out)
 
 
-def _rsqrt(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    y = np.sqrt(x, out=out)
-    return np.reciprocal(y, out=y)
+def _rsqrt(x: np.ndarray, out: np.ndarray) -> np.ndarray:
+    np.sqrt(x, out=out)
+    return np.reciprocal(out, out=out)
 
 
-def _relu(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    return np.maximum(x, x.dtype.type(0), out=out)
+def _relu(x: np.ndarray, out: np.ndarray) -> np.ndarray:
+    return np.maximum(x, out.dtype.type(0), out=out)
+
+
+def _ufunc(fn: np.ufunc) -> Callable:
+    return lambda *args, out: fn(*args, out=out)
 
 
 FUNCTIONS: dict[str, Callable] = {
     "neg": np.negative, "abs": np.abs, "exp": np.exp, "log": np.log, "sqrt": np.sqrt, "rsqrt": _rsqrt,
-    "reciprocal": np.reciprocal, "tanh": np.tanh, "erf": erf, "sigmoid": _sigmoid, "relu": _relu,
-    "gelu": _gelu, "gelu_tanh": _gelu_tanh, "sin": np.sin, "cos": np.cos, "copy": np.positive,
-    "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide, "pow": np.power,
-    "max": np.maximum, "min": np.minimum,
+    "reciprocal": np.reciprocal, "tanh": np.tanh, "sigmoid": _sigmoid, "relu": _relu, "sin": np.sin,
+    "cos": np.cos, "copy": np.positive, "add": np.add, "sub": np.subtract, "mul": np.multiply,
+    "div": np.divide, "pow": np.power, "max": np.maximum, "min": np.minimum,
 }  # fmt: skip
+HELPERS: dict[str, tuple[Callable, int]] = {"erf": (_erf, 2), "gelu": (_gelu, 3), "gelu_tanh": (_gelu_tanh, 1)}
 
 
 def _last_reads(program: tuple) -> dict[int, int]:
@@ -88,42 +121,60 @@ def _last_reads(program: tuple) -> dict[int, int]:
 
 
 @functools.lru_cache(maxsize=1024)
-def compile_program(program: tuple, out_dtype: str) -> Callable[[tuple, np.ndarray], None]:
-    """Generate and compile `fused(inputs, out)` for one program and output dtype."""
+def compile_program(program: tuple, out_dtype: str) -> tuple[Callable, int]:
+    """Generate `fused(inputs, out, regs)` for one program and output dtype; returns it and the number of
+    full-size registers (workspace slices) it needs."""
     cdt = np.dtype("float32" if out_dtype == "float16" else out_dtype)
     namespace: dict = {"np": np, "CDT": cdt, **{f"f_{k}": v for k, v in FUNCTIONS.items()}}
+    namespace.update({f"h_{k}": fn for k, (fn, _) in HELPERS.items()})
     n_inputs = 1 + max((r[1] for i in program for r in i[1:] if r[0] == "in"), default=0)
-    lines = ["def fused(ins, out):", "    shape = out.shape"]
+    lines = ["def fused(ins, out, regs):"]
     for i in range(n_inputs):
         lines.append(f"    x{i} = ins[{i}]")
         lines.append(f"    if x{i}.dtype != CDT: x{i} = x{i}.astype(CDT)")
     last_read = _last_reads(program)
     direct = np.dtype(out_dtype) == cdt
+    free: list[int] = []
+    count = 0
+    register: dict[int, int] = {}
+    helper_base = None  # registers for helpers' scratch come after the value registers (fixed below)
+    body = []
     for index, (op, *refs) in enumerate(program):
         names = []
         for ref in refs:
             if ref[0] == "in":
                 names.append(f"x{ref[1]}")
             elif ref[0] == "t":
-                names.append(f"t{ref[1]}")
+                names.append(f"regs[{register[ref[1]]}]")
             else:
-                namespace[f"c{index}_{len(names)}"] = cdt.type(ref[1])
-                names.append(f"c{index}_{len(names)}")
-        call = f"f_{op}({', '.join(names)}"
-        if index == len(program) - 1 and direct:
-            lines.append(f"    {call}, out=out)")
-            break
-        reusable = [n for n, r in zip(names, refs) if r[0] == "t" and last_read.get(r[1]) == index]
-        target = (
-            f"{reusable[0]} if type({reusable[0]}) is np.ndarray and {reusable[0]}.shape == shape else None"
-            if reusable
-            else "None"
-        )
-        lines.append(f"    t{index} = {call}, out={target})")
-    else:
-        lines.append(f"    np.copyto(out, t{len(program) - 1}, casting='unsafe')")
+                const = f"c{index}_{len(names)}"
+                namespace[const] = cdt.type(ref[1])
+                names.append(const)
+        last = index == len(program) - 1
+        if last and direct:
+            target = "out"
+        else:
+            if not free:
+                free.append(count)
+                count += 1
+            register[index] = free.pop()
+            target = f"regs[{register[index]}]"
+        if op in HELPERS:
+            body.append((f"h_{op}({', '.join(names)}, {target}", HELPERS[op][1]))
+        else:
+            body.append((f"f_{op}({', '.join(names)}, out={target})", 0))
+        for ref in refs:  # registers whose last reader this was are free for later instructions
+            if ref[0] == "t" and last_read.get(ref[1]) == index and register[ref[1]] not in free:
+                free.append(register[ref[1]])
+    helper_base = count
+    scratch = max((n for _, n in body), default=0)
+    for call, n in body:
+        extra = "".join(f", regs[{helper_base + k}]" for k in range(n))
+        lines.append(f"    {call}{extra})" if n else f"    {call}")
+    if not direct:
+        lines.append(f"    np.copyto(out, regs[{register[len(program) - 1]}], casting='unsafe')")
     exec(compile("\n".join(lines), f"<fused_elementwise {len(program)} ops>", "exec"), namespace)
-    return namespace["fused"]
+    return namespace["fused"], count + scratch
 
 
 def _cpu_dtype(ctx: DispatchContext) -> str | None:
@@ -131,9 +182,27 @@ def _cpu_dtype(ctx: DispatchContext) -> str | None:
     return None if dtype in CPU_FLOAT_DTYPES else f"output dtype {dtype} has no NumPy kernel"
 
 
-@kernel("fused_elementwise", "numpy_codegen", backend="cpu", conditions=(_cpu_dtype,), priority=10, fused=True)
+def _workspace_bytes(ctx: DispatchContext) -> int:
+    """Registers: full-output-shape arrays in the compute dtype."""
+    if ctx.attrs["dtype"] not in CPU_FLOAT_DTYPES:
+        return 0
+    _, registers = compile_program(ctx.attrs["program"], ctx.attrs["dtype"])
+    itemsize = 8 if ctx.attrs["dtype"] == "float64" else 4
+    return registers * math.prod(ctx.out_shape) * itemsize
+
+
+@kernel(
+    "fused_elementwise", "numpy_codegen", backend="cpu", conditions=(_cpu_dtype,), priority=10, fused=True,
+    workspace_bytes=_workspace_bytes,
+)  # fmt: skip
 def fused_elementwise_numpy(args: ArgPack) -> None:
-    """One generated NumPy function per program (cached): inputs converted once, temporaries reused."""
-    fn = compile_program(args.attrs["program"], args.attrs["dtype"])
+    """One generated NumPy function per program (cached), its temporaries in the workspace."""
+    fn, registers = compile_program(args.attrs["program"], args.attrs["dtype"])
+    out = args.out
+    cdt = np.float64 if out.dtype == np.float64 else np.float32
+    if registers and args.workspace is not None:
+        regs = args.workspace.view(cdt).reshape(registers, *out.shape)
+    else:
+        regs = np.empty((registers, *out.shape), cdt)
     with np.errstate(all="ignore"):  # inf/NaN follow IEEE rules, as on the GPU
-        fn(args.inputs, args.out)
+        fn(args.inputs, out, regs)

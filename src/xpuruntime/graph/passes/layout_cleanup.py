@@ -20,8 +20,15 @@ def _same_shape(a: tuple | None, b: tuple | None) -> bool:
 
 
 def _forward(graph: Graph, node: Node) -> bool:
-    """Make `node` a no-op: readers of its output read its input instead."""
-    return replace_uses(graph, node.outputs[0], node.inputs[0])
+    """Make `node` a no-op: readers of its output read its input instead; for a graph output, the
+    producer of the input writes the output directly (when nothing else reads the input)."""
+    if replace_uses(graph, node.outputs[0], node.inputs[0]):
+        return True
+    source, value = graph.producers().get(node.inputs[0]), node.inputs[0]
+    if source is None or value in graph.output_names() or len(graph.consumers().get(value, [])) != 1:
+        return False
+    source.outputs[source.outputs.index(value)] = node.outputs[0]
+    return True
 
 
 def _is_noop(graph: Graph, node: Node) -> bool:
