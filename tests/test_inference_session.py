@@ -43,6 +43,7 @@ def test_inputs_outputs_and_output_selection() -> None:
     assert [o.name for o in session.get_outputs()] == ["y", "p"]
     x = np.random.default_rng(1).standard_normal((5, 8)).astype(np.float32)
     y, p = session.run(None, {"x": x})
+    assert y.shape == p.shape == (5, 4)
     (p_only,) = session.run(["p"], {"x": x})
     np.testing.assert_allclose(p_only, p)
     np.testing.assert_allclose(p.sum(-1), 1.0, rtol=1e-5)
