@@ -34,11 +34,18 @@ class FwdConfig:
     ws: bool = False  # warp specialization of the unmasked key loop (forward only)
     tma: bool = False  # tensor-descriptor (TMA) loads where the device and strides allow (forward only)
 
+    def __str__(self) -> str:
+        extra = (" ws" if self.ws else "") + (" tma" if self.tma else "")
+        return f"{self.block_m}x{self.block_n}/w{self.warps}/s{self.stages}{extra}"
+
 
 @dataclass(frozen=True)
 class BwdConfig:
     dkdv: FwdConfig  # block_m: query block (inner loop), block_n: key block (owned); block_n % block_m == 0
     dq: FwdConfig  # block_m: query block (owned), block_n: key block (inner loop); block_m % block_n == 0
+
+    def __str__(self) -> str:
+        return f"dkdv {self.dkdv} dq {self.dq}"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -326,6 +333,7 @@ def _delta_kernel(O, DO, DELTA, sob, soh, som, sod, sdb, sdh, sdm, sdd, H, L,
     o = tl.load(O + b * sob + h * soh + rows[:, None] * som + offs_d[None, :] * sod, mask=ok, other=0.0)
     do = tl.load(DO + b * sdb + h * sdh + rows[:, None] * sdm + offs_d[None, :] * sdd, mask=ok, other=0.0)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    delta = tl.where(delta == delta, delta, 0.0)  # out is NaN on rows that saw no key: no gradient there
     tl.store(DELTA + off_bh.to(tl.int64) * L + rows, delta, mask=rows < L)
 
 

@@ -1,0 +1,125 @@
+"""PyTorch's scaled_dot_product_attention backends as candidates for the `attention` op.
+
+Each kernel calls F.scaled_dot_product_attention with only its backend enabled
+(torch.nn.attention.sdpa_kernel), and declares the conditions PyTorch checks before that backend may run,
+so `explain` says why one cannot run instead of PyTorch raising "No available kernel". When the
+dispatcher allocated the output, the result's storage is adopted (Tensor.set_) rather than copied.
+"""
+
+from __future__ import annotations
+
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from ...abi import ArgPack, LaunchConfig
+from ...context import DispatchContext
+from ...registry import kernel
+from .common import GPU_FLOAT_DTYPES, HALF_DTYPES
+
+
+def _launch_config(ctx: DispatchContext) -> LaunchConfig:
+    return LaunchConfig(params={"adopt": ctx.out is None})  # the dispatcher owns the output: adopt, no copy
+
+
+def _four_dims(ctx: DispatchContext) -> str | None:
+    """The fused backends take [B, H, S, D] with equal batch and heads on q, k, v (no broadcasting)."""
+    q, k, v = (ctx.tensor(n) for n in ("q", "k", "v"))
+    if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
+        return f"needs 4-d q, k, v ([B, H, S, D]); got {q.ndim}-d, {k.ndim}-d, {v.ndim}-d"
+    if not q.shape[:2] == k.shape[:2] == v.shape[:2]:
+        return f"batch/heads differ (q {q.shape[:2]}, k {k.shape[:2]}, v {v.shape[:2]}); fused kernels do not broadcast"
+    return None
+
+
+def _last_dim_contiguous(ctx: DispatchContext) -> str | None:
+    for name in ("q", "k", "v"):
+        t = ctx.tensor(name)
+        if t.shape[-1] > 1 and t.strides[-1] != 1:
+            return f"'{name}' last-dim stride {t.strides[-1]} (fused kernels need 1)"
+    return None
+
+
+def _no_mask(ctx: DispatchContext) -> str | None:
+    return "does not take attn_mask (only is_causal)" if ctx.has_tensor("attn_mask") else None
+
+
+def _sm80(ctx: DispatchContext) -> str | None:
+    cc = ctx.compute_capability
+    if cc is None or cc < (8, 0):
+        return f"needs sm80+, device has {'none' if cc is None else f'sm{cc[0]}{cc[1]}'}"
+    return None
+
+
+def _head_dim(limit: int, multiple: int):
+    def check(ctx: DispatchContext) -> str | None:
+        e, ev = ctx.tensor("q").shape[-1], ctx.tensor("v").shape[-1]
+        if e != ev:
+            return f"value head dim {ev} differs from query head dim {e}"
+        if e > limit or e % multiple:
+            return f"head dim {e} not a multiple of {multiple} in [{multiple}, {limit}]"
+        return None
+
+    check.__name__ = f"head_dim_{limit}_{multiple}"
+    return check
+
+
+def _causal_square(ctx: DispatchContext) -> str | None:
+    """cuDNN aligns causal masks differently from PyTorch's top-left convention when L != S."""
+    at = ctx.attrs
+    if at["is_causal"] and at["L"] != at["S"]:
+        return f"is_causal with L={at['L']} != S={at['S']} (cuDNN's causal alignment differs)"
+    return None
+
+
+def _nonempty(ctx: DispatchContext) -> str | None:
+    return "an empty dimension (fused kernels reject 0-size inputs)" if 0 in ctx.tensor("q").shape else None
+
+
+def _sdpa(args: ArgPack, backend: SDPBackend) -> None:
+    q, k, v, mask = args.inputs
+    at = args.attrs
+    with sdpa_kernel([backend]):
+        result = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=at["is_causal"], scale=at["scale"])
+    out = args.out
+    if args.config.params.get("adopt") and result.shape == out.shape and result.dtype == out.dtype:
+        out.set_(result)
+    else:
+        out.copy_(result)
+
+
+@kernel(
+    "attention", "torch_flash", backend="torch", dtypes=HALF_DTYPES, priority=15, fused=True, tensor_cores=True,
+    conditions=(_sm80, _four_dims, _last_dim_contiguous, _no_mask, _head_dim(256, 8), _nonempty),
+    launch_config=_launch_config,
+)  # fmt: skip
+def attention_torch_flash(args: ArgPack) -> None:
+    """SDPA with only PyTorch's FlashAttention-2 backend."""
+    _sdpa(args, SDPBackend.FLASH_ATTENTION)
+
+
+@kernel(
+    "attention", "torch_efficient", backend="torch", dtypes=GPU_FLOAT_DTYPES - {"float64"}, priority=10, fused=True,
+    tensor_cores=True, conditions=(_four_dims, _last_dim_contiguous, _head_dim(512, 8), _nonempty),
+    launch_config=_launch_config,
+)  # fmt: skip
+def attention_torch_efficient(args: ArgPack) -> None:
+    """SDPA with only PyTorch's memory-efficient (xFormers) backend; takes masks."""
+    _sdpa(args, SDPBackend.EFFICIENT_ATTENTION)
+
+
+@kernel(
+    "attention", "torch_cudnn", backend="torch", dtypes=HALF_DTYPES, priority=25, fused=True, tensor_cores=True,
+    conditions=(_sm80, _four_dims, _last_dim_contiguous, _no_mask, _head_dim(128, 8), _causal_square, _nonempty),
+    launch_config=_launch_config,
+)  # fmt: skip
+def attention_torch_cudnn(args: ArgPack) -> None:
+    """SDPA with only the cuDNN backend (PyTorch's default on the H100)."""
+    _sdpa(args, SDPBackend.CUDNN_ATTENTION)
+
+
+@kernel(
+    "attention", "torch_math", backend="torch", dtypes=GPU_FLOAT_DTYPES, priority=0, launch_config=_launch_config,
+)  # fmt: skip
+def attention_torch_math(args: ArgPack) -> None:
+    """SDPA's math backend: explicit softmax(q k^T) v in PyTorch ops; any shape, dtype and mask."""
+    _sdpa(args, SDPBackend.MATH)

@@ -1,0 +1,149 @@
+"""flash_v2: the Triton flash attention (kernels in flash.py) declared for the ops `attention`,
+`attention_forward` (with the logsumexp) and `attention_backward`.
+
+Arrays of up to 4 dims are viewed as [B, H, S, D] without copies (batch broadcasting becomes stride 0),
+so the usual [B, S, H, D] tensor transposed to [B, H, S, D] runs as it is. Block sizes come from a
+table tuned per head-dim bucket and causality on an H100; masked calls use smaller tiles (the mask
+tile takes shared memory too); the interpreter gets tiny tiles.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ...abi import ArgPack, LaunchConfig
+from ...context import DispatchContext
+from ...registry import kernel
+from . import flash
+from .common import INTERPRET, as_torch, no_negative_strides
+
+HALF = frozenset({"float16", "bfloat16"})
+MAX_HEAD_DIM = 256  # q, k, v tiles of a larger head dim do not fit in shared memory
+
+
+def _head_dim(ctx: DispatchContext) -> str | None:
+    e, ev = ctx.tensor("q").shape[-1], ctx.tensor("v").shape[-1]
+    if e != ev:
+        return f"value head dim {ev} differs from the query/key head dim {e}"
+    if e > MAX_HEAD_DIM:
+        return f"head dim {e} > {MAX_HEAD_DIM}: the q/k/v tiles do not fit in shared memory"
+    return None
+
+
+def _rank(ctx: DispatchContext) -> str | None:
+    for name in ("q", "k", "v"):
+        if ctx.tensor(name).ndim > 4:
+            return f"'{name}' has {ctx.tensor(name).ndim} dims; at most 2 batch dims ([B, H, S, D])"
+    return None
+
+
+def _arch(ctx: DispatchContext) -> str | None:
+    cc = ctx.compute_capability
+    if not INTERPRET and (cc is None or cc < (8, 0)):
+        return f"needs sm80+ (bf16 tensor cores), device has {'none' if cc is None else f'sm{cc[0]}{cc[1]}'}"
+    return None
+
+
+CONDITIONS = (_head_dim, _rank, _arch, no_negative_strides)
+
+
+def _configs(ctx: DispatchContext) -> tuple[flash.FwdConfig, flash.BwdConfig]:
+    d, causal = ctx.tensor("q").shape[-1], ctx.attrs["is_causal"]
+    if INTERPRET:
+        return flash.SMALL_FWD, flash.SMALL_BWD
+    fwd, bwd = flash.fwd_config(d, causal), flash.bwd_config(d, causal)
+    if ctx.has_tensor("attn_mask"):
+        fwd = flash.FwdConfig(64, 32, 4, 1) if flash.block_d(d) > 128 else flash.FwdConfig(64, 64, 4, 2)
+    return fwd, bwd
+
+
+def launch_config(ctx: DispatchContext) -> LaunchConfig:
+    fwd, bwd = _configs(ctx)
+    at = ctx.attrs
+    grid = (math.ceil(at["L"] / fwd.block_m), math.prod(at["batch"]))
+    return LaunchConfig(grid=grid, block=(fwd.warps * 32,), params={"fwd": fwd, "bwd": bwd})
+
+
+def _view4(t: torch.Tensor, batch: tuple[int, ...] | None = None) -> torch.Tensor:
+    """(..., S, D) with at most 2 batch dims -> [B, H, S, D] (a view); `batch` broadcasts (stride 0)."""
+    t = t.reshape((1,) * (4 - t.ndim) + tuple(t.shape)) if t.ndim < 4 else t
+    if batch is not None:
+        b4 = (1,) * (2 - len(batch)) + tuple(batch)
+        t = t.expand(*b4, *t.shape[-2:])
+    return t
+
+
+def _mask4(mask: torch.Tensor | None, b4: tuple[int, ...], L: int, S: int) -> torch.Tensor | None:
+    if mask is None:
+        return None
+    m = mask.reshape((1,) * max(0, 4 - mask.ndim) + tuple(mask.shape)) if mask.ndim < 4 else mask
+    return m.expand(*b4, L, S)
+
+
+def _numel(x: object) -> int:
+    return x.numel() if isinstance(x, torch.Tensor) else int(x.size)  # type: ignore[attr-defined]
+
+
+def _batch4(batch: tuple[int, ...]) -> tuple[int, int]:
+    b = (1,) * (2 - len(batch)) + tuple(batch)
+    return b[0], b[1]
+
+
+@kernel(
+    "attention", "flash_v2", backend="triton", dtypes=HALF, conditions=CONDITIONS, priority=20, fused=True,
+    tensor_cores=True, launch_config=launch_config,
+)  # fmt: skip
+def attention_flash_v2(args: ArgPack) -> None:
+    """Flash attention forward (online softmax over key blocks, fp32 accumulation)."""
+    if _numel(args.out) == 0:
+        return
+    q, k, v, mask = (as_torch(t) for t in args.inputs)
+    at = args.attrs
+    b4 = _batch4(at["batch"])
+    out = _view4(as_torch(args.out))
+    mask4 = _mask4(mask, b4, at["L"], at["S"])
+    flash.forward(_view4(q, at["batch"]), _view4(k, at["batch"]), _view4(v, at["batch"]), out, None, mask4,
+                  at["is_causal"], at["scale"], args.config.params["fwd"])  # fmt: skip
+
+
+@kernel(
+    "attention_forward", "flash_v2", backend="triton", dtypes=HALF, conditions=CONDITIONS, priority=20,
+    fused=True, tensor_cores=True, launch_config=launch_config,
+)  # fmt: skip
+def attention_forward_flash_v2(args: ArgPack) -> None:
+    """Flash attention forward that also writes each row's logsumexp (for backward)."""
+    if _numel(args.out) == 0:
+        return
+    q, k, v, mask, lse = (as_torch(t) for t in args.inputs)
+    at = args.attrs
+    b4 = _batch4(at["batch"])
+    mask4 = _mask4(mask, b4, at["L"], at["S"])
+    flash.forward(_view4(q), _view4(k), _view4(v), _view4(as_torch(args.out)), lse.reshape(-1), mask4,
+                  at["is_causal"], at["scale"], args.config.params["fwd"])  # fmt: skip
+
+
+@kernel(
+    "attention_backward", "flash_v2", backend="triton", dtypes=HALF, conditions=CONDITIONS, priority=20,
+    fused=True, tensor_cores=True, launch_config=launch_config,
+)  # fmt: skip
+def attention_backward_flash_v2(args: ArgPack) -> None:
+    """Flash attention backward: delta = rowsum(dO * O), then a dK/dV kernel and a dQ kernel (deterministic)."""
+    if _numel(args.out) == 0:
+        return
+    do, q, k, v, out, lse, mask = (as_torch(t) for t in args.inputs)
+    at = args.attrs
+    packed = as_torch(args.out)
+    q4, k4, v4 = _view4(q), _view4(k), _view4(v)
+    a, b, c = at["sizes"]
+    dq = packed[:a].view(q4.shape)
+    dk = packed[a : a + b].view(k4.shape)
+    dv = packed[a + b : a + b + c].view(v4.shape)
+    B, H = _batch4(at["batch"])
+    if at["L"] == 0 or B * H == 0:
+        dk.zero_()
+        dv.zero_()
+        return
+    flash.backward(_view4(do), q4, k4, v4, _view4(out), lse.reshape(-1), _mask4(mask, (B, H), at["L"], at["S"]),
+                   at["is_causal"], at["scale"], dq, dk, dv, args.config.params["bwd"])  # fmt: skip

@@ -1,0 +1,205 @@
+"""attention_forward: attention that also returns the logsumexp backward needs (the training forward).
+
+`attention_forward(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=False)` returns
+`(out, lse)`: `out` as `attention` computes it, `lse` (float32, shape (*batch, L)) the natural-log
+logsumexp of each row of scaled, masked scores. A row that sees no key gets out = NaN (as PyTorch's
+math backend) and lse = +inf, so `attention_backward` gives it no gradient.
+
+The kernel ABI has one output per op, so the op's output is `out` and `lse` is an input buffer that the
+kernel fills (float32, contiguous, shape (*batch, L)); the front end allocates it. Unlike `attention`,
+k and v must have q's batch dims (no broadcasting), except that with enable_gqa=True their heads axis
+(-3) may divide q's (grouped-query attention: query head h reads key/value head h // (Hq // Hk)).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import numbers
+from typing import Any
+
+import numpy as np
+
+from ..arrays import as_array, is_torch_tensor
+from ..context import DispatchContext
+from ..dispatch import run
+from ..errors import ArgumentError, DTypeError, ShapeError, argument_error
+from ..schema import OpSchema
+from .attention import causal_mask
+from .checks import broadcast, require_dtype_like, require_float, require_ndim
+
+
+def _check_bool(ctx: DispatchContext, name: str) -> bool:
+    value = ctx.attrs[name]
+    if not isinstance(value, bool | np.bool_):
+        raise argument_error(ArgumentError, ctx.op, name, "a bool", repr(value))
+    return bool(value)
+
+
+def _kv_batch_ok(q_batch: tuple[int, ...], kv_batch: tuple[int, ...], gqa: bool) -> bool:
+    if kv_batch == q_batch:
+        return True
+    if not gqa or len(q_batch) == 0 or len(kv_batch) != len(q_batch) or kv_batch[:-1] != q_batch[:-1]:
+        return False
+    return kv_batch[-1] > 0 and q_batch[-1] % kv_batch[-1] == 0
+
+
+def normalize_training_attrs(ctx: DispatchContext) -> dict[str, Any]:
+    """Shapes, mask, causal flag, scale and GQA grouping shared by attention_forward and attention_backward."""
+    for name in ("q", "k", "v"):
+        require_ndim(ctx, name, 2)
+    q, k, v = (ctx.tensor(n).shape for n in ("q", "k", "v"))
+    if k[-1] != q[-1]:
+        raise argument_error(ShapeError, ctx.op, "k", f"last dim {q[-1]} (the head dim E of 'q')", f"shape {k}")
+    if v[-2] != k[-2]:
+        raise argument_error(ShapeError, ctx.op, "v", f"{k[-2]} rows (the sequence length S of 'k')", f"shape {v}")
+    if q[-1] == 0:
+        raise argument_error(ShapeError, ctx.op, "q", "a head dim E >= 1", f"shape {q}")
+    gqa = _check_bool(ctx, "enable_gqa")
+    batch = q[:-2]
+    for name, shape in (("k", k), ("v", v)):
+        if not _kv_batch_ok(batch, shape[:-2], gqa):
+            extra = " (or, with enable_gqa=True, a heads axis -3 dividing q's)" if len(batch) else ""
+            raise argument_error(ShapeError, ctx.op, name, f"batch dims {batch} like 'q'{extra}", f"shape {shape}")
+    if v[:-2] != k[:-2]:
+        raise argument_error(ShapeError, ctx.op, "v", f"batch dims {k[:-2]} (those of 'k')", f"shape {v}")
+    L, S = q[-2], k[-2]
+    if S == 0 and L > 0:
+        raise argument_error(ShapeError, ctx.op, "k", "at least one key (softmax over no keys is undefined)", f"{k}")
+    is_causal = _check_bool(ctx, "is_causal")
+    if is_causal and ctx.has_tensor("attn_mask"):
+        raise ArgumentError(f"{ctx.op}: pass either 'attn_mask' or is_causal=True, not both")
+    if ctx.has_tensor("attn_mask"):
+        mask = ctx.tensor("attn_mask").shape
+        if broadcast(ctx.op, [("scores", (*batch, L, S)), ("attn_mask", mask)]) != (*batch, L, S):
+            raise argument_error(ShapeError, ctx.op, "attn_mask", f"a shape broadcastable to {(*batch, L, S)}", mask)
+    scale = ctx.attrs["scale"]
+    if scale is None:
+        scale = 1.0 / math.sqrt(q[-1])
+    elif not isinstance(scale, numbers.Real) or isinstance(scale, bool) or not math.isfinite(scale):
+        raise argument_error(ArgumentError, ctx.op, "scale", "a finite number or None", repr(scale))
+    group = batch[-1] // k[-3] if len(batch) and k[-3] else 1
+    return {"is_causal": is_causal, "scale": float(scale), "enable_gqa": gqa, "batch": batch, "L": L, "S": S,
+            "group": group}  # fmt: skip
+
+
+def check_mask_dtype(ctx: DispatchContext, dtype: str) -> None:
+    if ctx.has_tensor("attn_mask"):
+        mask = ctx.tensor("attn_mask").dtype
+        if mask not in ("bool", dtype):
+            raise argument_error(DTypeError, ctx.op, "attn_mask", f"bool or {dtype} (same as 'q')", mask)
+
+
+def _normalize(ctx: DispatchContext) -> dict[str, Any]:
+    at = normalize_training_attrs(ctx)
+    lse = ctx.tensor("lse")
+    want = (*at["batch"], at["L"])
+    if lse.shape != want:
+        raise argument_error(ShapeError, ctx.op, "lse", f"a float32 buffer of shape {want}", f"shape {lse.shape}")
+    if lse.layout != "contiguous":
+        raise argument_error(ShapeError, ctx.op, "lse", "a contiguous buffer", f"strides {lse.strides}")
+    return at
+
+
+def _infer_dtype(ctx: DispatchContext) -> str:
+    dtype = require_float(ctx, "q")
+    require_dtype_like(ctx, "k", "q")
+    require_dtype_like(ctx, "v", "q")
+    check_mask_dtype(ctx, dtype)
+    if ctx.tensor("lse").dtype != "float32":
+        raise argument_error(DTypeError, ctx.op, "lse", "float32", ctx.tensor("lse").dtype)
+    return dtype
+
+
+def flops(ctx: DispatchContext) -> int:
+    at = ctx.attrs
+    e, ev = ctx.tensor("q").shape[-1], ctx.tensor("v").shape[-1]
+    full = 2 * math.prod(at["batch"]) * at["L"] * at["S"] * (e + ev)
+    return full // 2 if at["is_causal"] else full
+
+
+def expand_heads(x: np.ndarray, group: int) -> np.ndarray:
+    """k or v with each head repeated `group` times along axis -3 (GQA), as enable_gqa does."""
+    return x if group == 1 else np.repeat(x, group, axis=-3)
+
+
+def scores_reference(
+    q: Any, k: Any, attn_mask: Any, is_causal: bool, scale: float | None, enable_gqa: bool
+) -> tuple[np.ndarray, float]:
+    """float64 scaled, masked scores (-inf where hidden) and the scale used."""
+    q, k = np.asarray(q, np.float64), np.asarray(k, np.float64)
+    if enable_gqa and q.ndim >= 3:
+        k = expand_heads(k, q.shape[-3] // k.shape[-3])
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = np.matmul(q, np.swapaxes(k, -1, -2)) * scale
+    if is_causal:
+        attn_mask = causal_mask(q.shape[-2], k.shape[-2])
+    if attn_mask is not None:
+        attn_mask = np.asarray(attn_mask)
+        scores = np.where(attn_mask, scores, -np.inf) if attn_mask.dtype == bool else scores + attn_mask
+    return scores, scale
+
+
+def lse_reference(
+    q: Any, k: Any, attn_mask: Any = None, is_causal: bool = False, scale: float | None = None,
+    enable_gqa: bool = False,
+) -> np.ndarray:  # fmt: skip
+    """float64 logsumexp of each row of scores; +inf for a row that sees no key."""
+    scores, _ = scores_reference(q, k, attn_mask, is_causal, scale, enable_gqa)
+    m = scores.max(axis=-1, keepdims=True, initial=-np.inf)
+    shift = np.where(np.isneginf(m), 0.0, m)
+    with np.errstate(divide="ignore"):
+        lse = (shift + np.log(np.exp(scores - shift).sum(axis=-1, keepdims=True)))[..., 0]
+    return np.where(np.isneginf(lse), np.inf, lse)
+
+
+def reference(
+    q: Any, k: Any, v: Any, attn_mask: Any = None, lse: Any = None, is_causal: bool = False,
+    scale: float | None = None, enable_gqa: bool = False,
+) -> np.ndarray:  # fmt: skip
+    """float64 reference of the op's output `out` (the `lse` buffer is ignored; see lse_reference)."""
+    scores, _ = scores_reference(q, k, attn_mask, is_causal, scale, enable_gqa)
+    v = np.asarray(v, np.float64)
+    if enable_gqa and v.ndim >= 3:
+        v = expand_heads(v, scores.shape[-3] // v.shape[-3])
+    with np.errstate(invalid="ignore"):
+        p = np.exp(scores - scores.max(axis=-1, keepdims=True, initial=-np.inf))
+        p /= p.sum(axis=-1, keepdims=True)
+    return np.matmul(p, v)
+
+
+ATTENTION_FORWARD = OpSchema(
+    name="attention_forward",
+    inputs=("q", "k", "v", "attn_mask", "lse"),
+    optional=frozenset({"attn_mask"}),
+    attrs=("is_causal", "scale", "enable_gqa"),
+    defaults={"is_causal": False, "scale": None, "enable_gqa": False},
+    normalize_attrs=_normalize,
+    infer_dtype=_infer_dtype,
+    infer_shape=lambda ctx: (*ctx.attrs["batch"], ctx.attrs["L"], ctx.tensor("v").shape[-1]),
+    reference=reference,
+    flops=flops,
+    doc="Attention for training: out, and the row logsumexp written into the 'lse' buffer.",
+)
+
+
+def empty_like_backend(x: Any, shape: tuple[int, ...], dtype: str) -> Any:
+    """An uninitialized array on x's device and library (NumPy or torch)."""
+    if is_torch_tensor(x):
+        import torch
+
+        return torch.empty(shape, dtype=getattr(torch, dtype), device=x.device)
+    return np.empty(shape, np.dtype(dtype))
+
+
+def attention_forward(
+    q: Any, k: Any, v: Any, attn_mask: Any = None, is_causal: bool = False, scale: float | None = None,
+    enable_gqa: bool = False, *, out: Any = None,
+) -> tuple[Any, Any]:  # fmt: skip
+    """(out, lse): attention and the natural-log logsumexp of each query row, for attention_backward."""
+    with contextlib.suppress(TypeError, ValueError):  # the dispatcher names the bad argument
+        q = as_array(q)
+    shape = getattr(q, "shape", ())
+    lse = empty_like_backend(q, (*shape[:-2], shape[-2]) if len(shape) >= 2 else (0,), "float32")
+    result = run("attention_forward", (q, k, v, attn_mask, lse), (is_causal, scale, enable_gqa), out)
+    return result, lse
