@@ -117,6 +117,10 @@ class Dispatcher:
         decision = self.decide(op, inputs, attrs, out, policy)
         if decision.reason == "fallback":
             self._warn_fallback(decision, key)
+        elif decision.reason == "auto" and policy.tunes(op):
+            from .autotune import tune
+
+            decision = tune(self, decision, inputs, policy)
         plan = self.make_plan(decision, policy)
         # a kernel registered meanwhile may beat this plan: then use it for this call only
         self.plans.put(key, plan, still_valid=lambda: self.registry.generation == generation)

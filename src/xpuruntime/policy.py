@@ -29,7 +29,8 @@ if TYPE_CHECKING:
 ENV_POLICY = "XPURUNTIME_POLICY"
 ENV_POLICY_FILE = "XPURUNTIME_POLICY_FILE"
 AUTO = "auto"  # a preference of "auto" means: no preference for this op
-_OPTIONS = ("strict", "math_mode", "deterministic", "sync")
+AUTOTUNE = "autotune"  # a preference of "autotune": time the supported kernels once per call signature
+_OPTIONS = ("strict", "math_mode", "deterministic", "sync", "autotune")
 MAX_NESTING = 32  # deeper policy files are refused before the parser recurses into them
 
 
@@ -78,7 +79,7 @@ def _check_names(prefs: Mapping[str, str], registry: Registry | None, kernels: b
     for op, name in prefs.items():
         if op not in registry.ops:
             raise unknown_name(UnknownOpError, "op or policy option", op, [*registry.ops, *_OPTIONS])
-        if kernels and name != AUTO:
+        if kernels and name not in (AUTO, AUTOTUNE):
             registry.kernel(op, name)
 
 
@@ -105,7 +106,10 @@ class KernelPolicy:
     one, `validate=False` none); the selector checks them again at dispatch.
     """
 
-    __slots__ = ("deterministic", "fingerprint", "math_mode", "preferences", "source", "strict", "sync")
+    __slots__ = (
+        "autotune", "autotune_ops", "deterministic", "fingerprint", "math_mode", "preferences", "source", "strict",
+        "sync",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -115,6 +119,7 @@ class KernelPolicy:
         math_mode: MathMode | str | None = None,
         deterministic: bool = False,
         sync: SyncPolicy | str = SyncPolicy.NO_SYNC,
+        autotune: bool = False,
         validate: bool | Registry = True,
         source: str = "",
         **op_preferences: str,
@@ -127,11 +132,14 @@ class KernelPolicy:
             if not isinstance(name, str) or not name:
                 raise PolicyError(f"policy preference for '{op}' must be a kernel name, got {clip(name)}")
         prefs = {op: name for op, name in prefs.items() if name != AUTO}
+        self.autotune_ops = frozenset(op for op, name in prefs.items() if name == AUTOTUNE)
         if not isinstance(validate, bool) and type(validate).__name__ != "Registry":
             raise PolicyError(f"KernelPolicy: argument 'validate' expected a bool or a Registry, got {clip(validate)}")
         if validate is not False:
             _check_names(prefs, None if validate is True else validate)
+        prefs = {op: name for op, name in prefs.items() if name != AUTOTUNE}
         self.preferences: Mapping[str, str] = MappingProxyType(dict(sorted(prefs.items())))
+        self.autotune = _parse_bool("autotune", autotune)
         self.strict = _parse_bool("strict", strict)
         self.math_mode = None if math_mode is None else MathMode.parse(math_mode)
         self.deterministic = _parse_bool("deterministic", deterministic)
@@ -141,7 +149,12 @@ class KernelPolicy:
 
     def _content(self) -> tuple:
         mode = self.math_mode.value if self.math_mode else None
-        return (tuple(self.preferences.items()), self.strict, mode, self.deterministic, self.sync.value)
+        return (tuple(self.preferences.items()), self.strict, mode, self.deterministic, self.sync.value,
+                self.autotune, tuple(sorted(self.autotune_ops)))  # fmt: skip
+
+    def tunes(self, op: str) -> bool:
+        """Whether calls of `op` pick their kernel by timing the candidates (reason "autotune")."""
+        return self.autotune or op in self.autotune_ops
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, KernelPolicy) and other.fingerprint == self.fingerprint
@@ -151,6 +164,9 @@ class KernelPolicy:
 
     def __repr__(self) -> str:
         parts = [f"{op}={name!r}" for op, name in self.preferences.items()]
+        parts += [f"{op}={AUTOTUNE!r}" for op in sorted(self.autotune_ops)]
+        if self.autotune:
+            parts.append("autotune=True")
         if self.strict:
             parts.append("strict=True")
         if self.math_mode:
@@ -164,6 +180,8 @@ class KernelPolicy:
     def to_dict(self) -> dict[str, Any]:
         return {
             **self.preferences,
+            **{op: AUTOTUNE for op in sorted(self.autotune_ops)},
+            "autotune": self.autotune,
             "strict": self.strict,
             "math_mode": self.math_mode.value if self.math_mode else None,
             "deterministic": self.deterministic,
@@ -367,11 +385,12 @@ def kernel_policy(policy: KernelPolicy | str | Mapping | None = None, **prefs: A
         _check_keys(prefs)
         _check_names(prefs, None)  # only the new preferences: the outer policy was checked when made
         scoped = KernelPolicy(
-            {**outer.preferences, **prefs},
+            {**dict.fromkeys(outer.autotune_ops, AUTOTUNE), **outer.preferences, **prefs},
             strict=options.get("strict", outer.strict),
             math_mode=options.get("math_mode", outer.math_mode),
             deterministic=options.get("deterministic", outer.deterministic),
             sync=options.get("sync", outer.sync),
+            autotune=options.get("autotune", outer.autotune),
             validate=False,
         )
     token = _scoped.set(scoped)

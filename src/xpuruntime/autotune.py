@@ -1,0 +1,176 @@
+"""The `autotune` selection mode: time every supported kernel once per call signature, keep the fastest.
+
+`KernelPolicy(attention="autotune")` tunes one op, `KernelPolicy(autotune=True)` every op without an
+explicit preference. On a plan-cache miss the dispatcher hands the selector's decision here: each
+supported candidate is launched on the call's own inputs (fresh outputs, a warm-up launch first, so
+JIT compilation stays out of the numbers) and timed with the backend's device events (a host clock
+after a synchronize where a backend has none); the winner becomes the plan with reason "autotune" and
+is remembered in the on-disk tuning cache, so another process with the same signature skips the timing.
+A progress bar appears when tuning takes more than a second.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from .abi import ArgPack
+from .selector import Candidate, Decision
+
+if TYPE_CHECKING:
+    from .dispatch import Dispatcher
+    from .policy import KernelPolicy
+
+REASON = "autotune"
+TARGET_MS = 20.0  # measure each candidate for about this long
+MAX_REPS = 50
+PROGRESS_AFTER_S = 1.0
+
+
+class _Store:
+    """The tuning cache's get/put, with a process-local dict when the cache cannot be used."""
+
+    def __init__(self) -> None:
+        self.memory: dict[str, dict] = {}
+
+    def get(self, key: str) -> dict | None:
+        try:
+            from .runtime import tuning_cache
+
+            return tuning_cache.get(key)
+        except Exception:  # an unusable cache folder must not break dispatch
+            return self.memory.get(key)
+
+    def put(self, key: str, value: dict) -> None:
+        self.memory[key] = value
+        try:
+            from .runtime import tuning_cache
+
+            tuning_cache.put(key, value)
+        except Exception:
+            pass
+
+
+STORE = _Store()
+
+
+def cache_key(decision: Decision, names: list[str]) -> str:
+    """The signature: op, per-argument dtype/shape/strides, attributes, device and arch, the candidates."""
+    from .runtime import tuning_cache
+
+    ctx = decision.ctx
+    tensors = ctx.tensors
+    attrs = {k: repr(ctx.attrs.get(k)) for k in ctx.attr_names}
+    return tuning_cache.key(
+        ctx.op, dtypes=[t.dtype for t in tensors], layout=[list(t.strides) for t in tensors], bucket=False,
+        shape=[], shapes=[list(t.shape) for t in tensors], attrs=attrs, device=ctx.device.split(":")[0],
+        arch=ctx.compute_capability or "cpu", candidates=sorted(names), selection=REASON,
+    )  # fmt: skip
+
+
+def tune(dispatcher: Dispatcher, decision: Decision, inputs: tuple, policy: KernelPolicy) -> Decision:
+    """The decision with the fastest supported kernel for this call (reason "autotune")."""
+    supported = [c for c in decision.candidates if c.supported]
+    if len(supported) <= 1:
+        return dataclasses.replace(decision, reason=REASON)
+    names = [c.kernel.name for c in supported]
+    key = cache_key(decision, names)
+    stored = STORE.get(key)
+    winner = stored.get("kernel") if stored else None
+    if winner not in names:
+        times = time_candidates(dispatcher, decision, supported, inputs, policy)
+        if not times:
+            return decision
+        winner = min(times, key=times.__getitem__)
+        STORE.put(key, {"kernel": winner, "times_us": times})
+    chosen = next(c for c in supported if c.kernel.name == winner)
+    return dataclasses.replace(decision, kernel=chosen.kernel, reason=REASON)
+
+
+def time_candidates(
+    dispatcher: Dispatcher, decision: Decision, candidates: list[Candidate], inputs: tuple, policy: KernelPolicy
+) -> dict[str, float]:
+    """Median microseconds per launch of each candidate; a candidate that raises is left out."""
+    times: dict[str, float] = {}
+    start = time.perf_counter()
+    bar = None
+    try:
+        for i, cand in enumerate(candidates):
+            if bar is None and time.perf_counter() - start > PROGRESS_AFTER_S:
+                bar = _Progress(decision.ctx.op, len(candidates), i)
+            if bar is not None:
+                bar.update(i, cand.kernel.name)
+            try:
+                times[cand.kernel.name] = _time_one(dispatcher, decision, cand, inputs, policy)
+            except Exception:  # a kernel that cannot run here simply does not win
+                continue
+    finally:
+        if bar is not None:
+            bar.close()
+    return times
+
+
+def _time_one(
+    dispatcher: Dispatcher, decision: Decision, cand: Candidate, inputs: tuple, policy: KernelPolicy
+) -> float:
+    plan = dispatcher.make_plan(dataclasses.replace(decision, kernel=cand.kernel, reason=REASON), policy)
+    backend = dispatcher.registry.backends[cand.kernel.backend]
+    stream = None if plan.current_stream is None else plan.current_stream(plan.device)
+    out = plan.allocate(stream)
+    workspace = (
+        dispatcher.workspaces.lend(plan.workspace_bytes, plan.device, plan.empty, stream)
+        if plan.workspace_bytes
+        else None
+    )
+    args = ArgPack(inputs, out, plan.attrs, plan.config, workspace, stream)
+    plan.launch(args)  # warm-up: JIT compilation, caches
+    backend.synchronize(plan.device, stream)
+    once = _measure(lambda: plan.launch(args), 1, backend, plan.device, stream)
+    reps = max(1, min(MAX_REPS, int(TARGET_MS * 1000 / max(once, 1.0))))
+    samples = sorted(_measure(lambda: plan.launch(args), 1, backend, plan.device, stream) for _ in range(reps))
+    return samples[len(samples) // 2]
+
+
+def _measure(fn: Callable[[], None], reps: int, backend: Any, device: str, stream: Any) -> float:
+    """Microseconds per call: CUDA events on the launch stream for CUDA devices, else a host clock."""
+    torch = sys.modules.get("torch")
+    if torch is not None and device.startswith("cuda"):
+        on = stream if stream is not None else torch.cuda.current_stream(torch.device(device))
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record(on)
+        for _ in range(reps):
+            fn()
+        end.record(on)
+        end.synchronize()
+        return begin.elapsed_time(end) * 1000.0 / reps
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    backend.synchronize(device, stream)
+    return (time.perf_counter() - t0) * 1e6 / reps
+
+
+class _Progress:
+    """A transient rich progress bar on stderr (a no-op without rich)."""
+
+    def __init__(self, op: str, total: int, done: int) -> None:
+        try:
+            from rich.console import Console
+            from rich.progress import Progress
+        except ImportError:
+            self.progress = None
+            return
+        self.progress = Progress(console=Console(file=sys.stderr), transient=True)
+        self.progress.start()
+        self.task = self.progress.add_task(f"autotune {op}", total=total, completed=done)
+
+    def update(self, done: int, name: str) -> None:
+        if self.progress is not None:
+            self.progress.update(self.task, completed=done, description=f"autotune: {name}")
+
+    def close(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
