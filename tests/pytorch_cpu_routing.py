@@ -59,6 +59,36 @@ def _attention(args):
     out.copy_(torch.matmul(torch.softmax(scores, -1), v))
 
 
+def _attention_math(q, k, v, mask, is_causal, scale):
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    if is_causal:
+        keep = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril()
+        scores = scores.masked_fill(~keep, -math.inf)
+    elif mask is not None:
+        scores = scores.masked_fill(~mask, -math.inf) if mask.dtype == torch.bool else scores + mask.double()
+    return scores
+
+
+def _attention_forward(args):
+    CALLS["attention_forward"] += 1
+    (q, k, v, mask, lse), out = _tensors(args)
+    scores = _attention_math(q.double(), k.double(), v.double(), mask, args.attrs["is_causal"], args.attrs["scale"])
+    out.copy_(torch.matmul(torch.softmax(scores, -1), v.double()))
+    lse.copy_(torch.logsumexp(scores, -1))
+
+
+def _attention_backward(args):
+    CALLS["attention_backward"] += 1
+    (dout, q, k, v, _o, lse, mask), out = _tensors(args)
+    with torch.enable_grad():
+        leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
+        scores = _attention_math(*leaves, mask, args.attrs["is_causal"], args.attrs["scale"])
+        assert torch.allclose(torch.logsumexp(scores, -1), lse.double(), atol=1e-4)  # the forward's, passed on
+        p = torch.softmax(scores, -1)
+        grads = torch.autograd.grad(torch.matmul(p, leaves[2]), leaves, dout.double())
+    out.copy_(torch.cat([g.reshape(-1) for g in grads]))
+
+
 def _layer_norm(args):
     CALLS["layer_norm"] += 1
     inputs, out = _tensors(args)
@@ -104,17 +134,22 @@ def make_registry() -> Registry:
         kernel("layer_norm", "test_ln", backend="torchcpu", dtypes=_DTYPES)(_layer_norm),
         kernel("rms_norm", "test_rms", backend="torchcpu", dtypes=_DTYPES)(_rms_norm),
     ]
-    if "layer_norm_backward" in registry.ops:
+    if "attention_forward" in registry.ops:
         specs.append(
-            kernel("layer_norm_backward", "test_ln_bwd", backend="torchcpu", dtypes=_DTYPES)(_layer_norm_backward)
+            kernel("attention_forward", "test_attention", backend="torchcpu", dtypes=_DTYPES)(_attention_forward)
         )
+        specs.append(
+            kernel("attention_backward", "test_attention", backend="torchcpu", dtypes=_DTYPES)(_attention_backward)
+        )
+    if "layer_norm_backward" in registry.ops:
+        specs.append(kernel("layer_norm_backward", "test_ln", backend="torchcpu", dtypes=_DTYPES)(_layer_norm_backward))
     for spec in specs:
         registry.register_kernel(spec)
     return registry
 
 
 POLICY = {"matmul": "test_mm", "attention": "test_attention", "layer_norm": "test_ln", "rms_norm": "test_rms",
-          "layer_norm_backward": "test_ln_bwd"}  # fmt: skip
+          "layer_norm_backward": "test_ln"}  # fmt: skip
 
 
 def policy(*ops: str, registry: Registry, **options) -> xrt.KernelPolicy:

@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import torch
 
-from .. import policy as _core_policy
 from ..policy import KernelPolicy, current_policy
-from .routing import attrs_for, dispatch, get_dispatcher, tls
-
-_linear_policies: dict[tuple, KernelPolicy | None] = {}  # (policy, registry state) -> policy naming linear
+from .families import family_policy, using
+from .routing import attrs_for, dispatch, tls
 
 # the out= overloads are separate aten operators (never overridden); the torch.* bindings reach them
 # with less Python overhead than torch.ops.aten.*.out
@@ -39,34 +37,13 @@ def bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return _bmm_out(a, b, out=a.new_empty((a.shape[0], a.shape[1], b.shape[2])))
 
 
-def _linear_policy(policy: KernelPolicy) -> KernelPolicy | None:
-    """The policy for an addmm routed to `linear`: as is when it names linear; when it names only matmul
-    and `linear` has a kernel of that name (cublasLt's fused bias epilogue), that name for linear too."""
-    registry = get_dispatcher().registry
-    key = (policy.fingerprint, id(registry), registry.generation)
-    if key not in _linear_policies:
-        derived = None
-        if "linear" in registry.ops:
-            name = policy.preferences.get("linear")
-            if name is not None:
-                derived = policy
-            elif policy.preferences.get("matmul") in registry.kernels["linear"]:
-                prefs = {**policy.preferences, "linear": policy.preferences["matmul"]}
-                options = {"strict": policy.strict, "math_mode": policy.math_mode, "sync": policy.sync}
-                derived = KernelPolicy(prefs, deterministic=policy.deterministic, validate=False, **options)
-        _linear_policies[key] = derived
-    return _linear_policies[key]
-
-
 def _as_linear(bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor, policy: KernelPolicy) -> torch.Tensor | None:
-    derived = _linear_policy(policy)
-    if derived is None:
+    """x Wᵀ + b through `linear` when the (family-extended) policy names a kernel for it."""
+    derived = family_policy(policy)
+    if "linear" not in derived.preferences:
         return None
-    attrs = attrs_for("linear", {})
-    if derived is policy:
-        return dispatch("linear", (a, b.t(), bias), attrs)
-    with _core_policy.kernel_policy(derived):
-        return dispatch("linear", (a, b.t(), bias), attrs)
+    with using(derived):
+        return dispatch("linear", (a, b.t(), bias), attrs_for("linear", {}))
 
 
 def addmm(bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, beta: float = 1, alpha: float = 1) -> torch.Tensor:

@@ -13,7 +13,8 @@ from typing import Any
 import torch
 
 from ..policy import current_policy
-from .autograd_common import GRAD_ALIASES, any_requires_grad, plain, policy_of_forward, unpack_norm_grads
+from .autograd_common import GRAD_ALIASES, any_requires_grad, plain, unpack_norm_grads
+from .families import family_policy, fell_back, using, without
 from .routing import attrs_for, dispatch, get_dispatcher, has_op, inputs_for, wants
 
 _LAYER_NORM = torch.ops.aten.layer_norm.default
@@ -52,7 +53,11 @@ def _routed_grads(ctx: Any, dy: torch.Tensor) -> tuple | None:
     inputs = inputs_for(op, values, GRAD_ALIASES)
     if inputs is None:
         return None
-    result = dispatch(op, inputs, attrs_for(op, {"normalized_shape": ctx.normalized_shape, "eps": ctx.eps}))
+    policy = ctx.policy
+    if fell_back(ctx.op, _inputs(ctx.op, x, weight, bias), (ctx.normalized_shape, ctx.raw_eps), policy):
+        policy = without(policy, (op,), ctx.user_policy)  # the forward's fallback warning was enough
+    with using(policy):
+        result = dispatch(op, inputs, attrs_for(op, {"normalized_shape": ctx.normalized_shape, "eps": ctx.eps}))
     if result is None:
         return None
     grads = [*unpack_norm_grads(result, x, ctx.normalized_shape, 2 if ctx.op == "layer_norm" else 1), None]
@@ -78,9 +83,12 @@ class NormFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, op: str, x: Any, weight: Any, bias: Any, normalized_shape: tuple, eps: Any) -> Any:
-        ctx.policy, ctx.op, ctx.normalized_shape, ctx.eps = current_policy(), op, normalized_shape, eps
+        ctx.user_policy = current_policy()
+        ctx.policy = family_policy(ctx.user_policy)
+        ctx.op, ctx.normalized_shape, ctx.eps, ctx.raw_eps = op, normalized_shape, eps, eps
         ctx.save_for_backward(x, weight, bias)
-        out = _forward(op, x, weight, bias, normalized_shape, eps)
+        with using(ctx.policy):
+            out = _forward(op, x, weight, bias, normalized_shape, eps)
         if out is None:
             out = _torch_forward(op, x, weight, bias, normalized_shape, eps)
         if ctx.eps is None:  # rms_norm's default: the input dtype's epsilon
@@ -90,17 +98,20 @@ class NormFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, dy: torch.Tensor) -> tuple:
         ctx.tensors = ctx.saved_tensors
-        with policy_of_forward(ctx.policy):
-            grads = _routed_grads(ctx, dy)
-            if grads is None:
+        grads = _routed_grads(ctx, dy)
+        if grads is None:
+            with using(ctx.user_policy):
                 grads = _torch_grads(ctx, dy)
         ctx.tensors = None
         return None, grads[0], grads[1], grads[2], None, None
 
 
+def _inputs(op: str, x: Any, weight: Any, bias: Any) -> tuple:
+    return (x, weight, bias) if op == "layer_norm" else (x, weight)
+
+
 def _forward(op: str, x: Any, weight: Any, bias: Any, normalized_shape: tuple, eps: Any) -> Any:
-    inputs = (x, weight, bias) if op == "layer_norm" else (x, weight)
-    return dispatch(op, inputs, (normalized_shape, eps))
+    return dispatch(op, _inputs(op, x, weight, bias), (normalized_shape, eps))
 
 
 def _torch_forward(op: str, x: Any, weight: Any, bias: Any, normalized_shape: tuple, eps: Any) -> Any:

@@ -16,7 +16,8 @@ from torch import Tensor
 
 from ..errors import ArgumentError, argument_error
 from ..policy import current_policy
-from .autograd_common import GRAD_ALIASES, as_tuple, unpack_norm_grads
+from .autograd_common import GRAD_ALIASES, unpack_norm_grads
+from .families import family_policy, using
 from .routing import attrs_for, dispatch, get_dispatcher, has_op, inputs_for
 
 TORCH_KERNEL = "torch"  # the policy name that means "PyTorch's own kernel" for these ops
@@ -32,44 +33,69 @@ def _wants_torch(op: str) -> bool:
 @torch.library.custom_op("xpuruntime::fused_attention", mutates_args=())
 def _fused_attention(
     query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None, is_causal: bool, scale: float | None
-) -> Tensor:
+) -> tuple[Tensor, Tensor]:
+    """(out, logsumexp): `attention_forward` through the selector, else PyTorch's SDPA."""
+    if not _wants_torch("attention") and has_op("attention_forward"):
+        lse = query.new_empty((*query.shape[:-2], query.shape[-2]), dtype=torch.float32)
+        attrs = attrs_for("attention_forward", {"is_causal": is_causal, "scale": scale})
+        with using(family_policy(current_policy())):
+            out = dispatch("attention_forward", (query, key, value, attn_mask, lse), attrs)
+        if out is not None:
+            return out, lse
+    out = None
     if not _wants_torch("attention"):
         out = dispatch(
             "attention",
             (query, key, value, attn_mask),
             attrs_for("attention", {"is_causal": is_causal, "scale": scale}),
         )
-        if out is not None:
-            return out
-    return F.scaled_dot_product_attention(query, key, value, attn_mask, 0.0, is_causal, scale=scale)
+    if out is None:
+        out = F.scaled_dot_product_attention(query, key, value, attn_mask, 0.0, is_causal, scale=scale)
+    return out, _logsumexp(query, key, attn_mask, is_causal, scale)
 
 
 @_fused_attention.register_fake
-def _(
-    query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None, is_causal: bool, scale: float | None
-) -> Tensor:
+def _(query, key, value, attn_mask, is_causal, scale):
     batch = torch.broadcast_shapes(query.shape[:-2], key.shape[:-2], value.shape[:-2])
-    return query.new_empty((*batch, query.shape[-2], value.shape[-1]))
+    out = query.new_empty((*batch, query.shape[-2], value.shape[-1]))
+    return out, query.new_empty((*batch, query.shape[-2]), dtype=torch.float32)
 
 
 @torch.library.custom_op("xpuruntime::fused_attention_backward", mutates_args=())
 def _fused_attention_backward(
-    dout: Tensor, query: Tensor, key: Tensor, value: Tensor, out: Tensor, attn_mask: Tensor | None,
+    dout: Tensor, query: Tensor, key: Tensor, value: Tensor, out: Tensor, lse: Tensor, attn_mask: Tensor | None,
     is_causal: bool, scale: float | None,
 ) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+    """(dq, dk, dv): `attention_backward` through the selector, else PyTorch ops in fp32."""
     if not _wants_torch("attention") and has_op("attention_backward"):
-        values = {"dout": dout, "q": query, "k": key, "v": value, "out": out, "attn_mask": attn_mask}
-        inputs = inputs_for("attention_backward", values, GRAD_ALIASES)
         attrs = attrs_for("attention_backward", {"is_causal": is_causal, "scale": scale})
-        result = dispatch("attention_backward", inputs, attrs) if inputs is not None else None
-        if result is not None:
-            return _unaliased(as_tuple(result)[:3])
+        with using(family_policy(current_policy())):
+            packed = dispatch("attention_backward", (dout, query, key, value, out, lse, attn_mask), attrs)
+        if packed is not None:
+            sizes = [t.numel() for t in (query, key, value)]
+            return tuple(p.view(t.shape).clone() for p, t in zip(packed.split(sizes), (query, key, value)))
     return _attention_grads(dout, query, key, value, out, attn_mask, is_causal, scale)
 
 
 @_fused_attention_backward.register_fake
-def _(dout, query, key, value, out, attn_mask, is_causal, scale):
+def _(dout, query, key, value, out, lse, attn_mask, is_causal, scale):
     return torch.empty_like(query), torch.empty_like(key), torch.empty_like(value)
+
+
+def _scores(q: Tensor, k: Tensor, mask: Tensor | None, is_causal: bool, scale: float | None) -> Tensor:
+    """Scaled, masked attention scores in fp32."""
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
+    if is_causal:
+        keep = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
+        return scores.masked_fill(~keep, float("-inf"))
+    if mask is not None:
+        return scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask.float()
+    return scores
+
+
+def _logsumexp(q: Tensor, k: Tensor, mask: Tensor | None, is_causal: bool, scale: float | None) -> Tensor:
+    return torch.logsumexp(_scores(q, k, mask, is_causal, scale), dim=-1)
 
 
 def _attention_grads(
@@ -79,13 +105,7 @@ def _attention_grads(
     """Gradients of softmax(q kᵀ·scale + mask) v in fp32 from the saved output (PyTorch ops)."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     qf, kf, vf, dof = q.float(), k.float(), v.float(), dout.float()
-    scores = torch.matmul(qf, kf.transpose(-1, -2)) * scale
-    if is_causal:
-        keep = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
-        scores = scores.masked_fill(~keep, float("-inf"))
-    elif mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask.float()
-    p = torch.softmax(scores, dim=-1)
+    p = torch.softmax(_scores(q, k, mask, is_causal, scale), dim=-1)
     dv = torch.matmul(p.transpose(-1, -2), dof)
     dp = torch.matmul(dof, vf.transpose(-1, -2))
     ds = p * (dp - (dof * out.float()).sum(-1, keepdim=True))
@@ -97,13 +117,16 @@ def _attention_grads(
 
 def _attention_setup(ctx, inputs, output) -> None:
     query, key, value, attn_mask, is_causal, scale = inputs
-    ctx.save_for_backward(query, key, value, output, *(() if attn_mask is None else (attn_mask,)))
-    ctx.is_causal, ctx.scale, ctx.has_mask = is_causal, scale, attn_mask is not None
+    out, lse = output
+    ctx.save_for_backward(query, key, value, out, lse, *(() if attn_mask is None else (attn_mask,)))
+    ctx.is_causal, ctx.scale = is_causal, scale
 
 
-def _attention_backward(ctx, dout):
-    query, key, value, out, *mask = ctx.saved_tensors
-    grads = _fused_attention_backward(dout, query, key, value, out, mask[0] if mask else None, ctx.is_causal, ctx.scale)
+def _attention_backward(ctx, dout, dlse):
+    """Gradients for (query, key, value); the logsumexp output carries none."""
+    query, key, value, out, lse, *mask = ctx.saved_tensors
+    mask = mask[0] if mask else None
+    grads = _fused_attention_backward(dout.contiguous(), query, key, value, out, lse, mask, ctx.is_causal, ctx.scale)
     return (*grads, None, None, None)
 
 
@@ -118,7 +141,8 @@ def fused_attention(
     dropout_p must be 0.0 (apply dropout outside the op)."""
     if dropout_p != 0.0:
         raise argument_error(ArgumentError, "fused_attention", "dropout_p", "0.0 (no dropout inside the op)", dropout_p)
-    return _fused_attention(query, key, value, attn_mask, bool(is_causal), None if scale is None else float(scale))
+    out, _ = _fused_attention(query, key, value, attn_mask, bool(is_causal), None if scale is None else float(scale))
+    return out
 
 
 # -- fused_layernorm ----------------------------------------------------------------------------

@@ -1,0 +1,77 @@
+"""Op families: a policy that names a kernel for an op also names it for that op's companions.
+
+`attention=flash_v2` means flash_v2 for the training forward (`attention_forward`, which also returns
+the logsumexp) and for `attention_backward`; `layer_norm=triton` means triton for
+`layer_norm_backward`; `matmul=cublasLt` means cublasLt for `linear` (nn.Linear's fused bias). A
+companion the policy names itself keeps its own choice, and one without a kernel of that name is left
+to automatic selection.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+from .. import policy as _core_policy
+from ..arguments import plan_key
+from ..policy import KernelPolicy, current_policy
+from .routing import get_dispatcher
+
+FAMILIES = {
+    "attention": ("attention_forward", "attention_backward"),
+    "layer_norm": ("layer_norm_backward",),
+    "rms_norm": ("rms_norm_backward",),
+    "matmul": ("linear",),
+}
+_derived: dict[tuple, KernelPolicy] = {}
+
+
+def family_policy(policy: KernelPolicy) -> KernelPolicy:
+    """`policy` with each named op's kernel name extended to its companions (cached per policy)."""
+    registry = get_dispatcher().registry
+    key = (policy.fingerprint, id(registry), registry.generation)
+    derived = _derived.get(key)
+    if derived is None:
+        prefs = dict(policy.preferences)
+        for head, members in FAMILIES.items():
+            name = policy.preferences.get(head)
+            for member in members:
+                if name is not None and member not in prefs and name in registry.kernels.get(member, {}):
+                    prefs[member] = name
+        derived = policy
+        if prefs != dict(policy.preferences):
+            options = {"strict": policy.strict, "math_mode": policy.math_mode, "sync": policy.sync}
+            derived = KernelPolicy(prefs, deterministic=policy.deterministic, validate=False, **options)
+        if len(_derived) > 1024:
+            _derived.clear()
+        _derived[key] = derived
+    return derived
+
+
+@contextlib.contextmanager
+def using(policy: KernelPolicy) -> Iterator[None]:
+    """Run the block under `policy` (no scope is entered when it is already the one in force)."""
+    if policy is current_policy():
+        yield
+        return
+    with _core_policy.kernel_policy(policy):
+        yield
+
+
+def fell_back(op: str, inputs: tuple, attrs: tuple, policy: KernelPolicy) -> bool:
+    """Whether the cached plan of an earlier call chose a fallback (its preferred kernel could not run)."""
+    try:
+        plan = get_dispatcher().plans.get(plan_key(op, policy.fingerprint, attrs, inputs, None))
+    except Exception:  # an argument the fast key cannot describe: no cached plan to ask
+        return False
+    return plan is not None and plan.reason == "fallback"
+
+
+def without(policy: KernelPolicy, ops: tuple[str, ...], user: KernelPolicy) -> KernelPolicy:
+    """`policy` minus the companion preferences it added for `ops` (the user's own names stay)."""
+    if not any(op in policy.preferences and op not in user.preferences for op in ops):
+        return policy
+    prefs = {op: k for op, k in policy.preferences.items() if op not in ops or op in user.preferences}
+    options: dict[str, Any] = {"strict": policy.strict, "math_mode": policy.math_mode, "sync": policy.sync}
+    return KernelPolicy(prefs, deterministic=policy.deterministic, validate=False, **options)
