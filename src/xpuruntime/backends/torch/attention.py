@@ -8,6 +8,8 @@ dispatcher allocated the output, the result's storage is adopted (Tensor.set_) r
 
 from __future__ import annotations
 
+import math
+
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -75,6 +77,15 @@ def _nonempty(ctx: DispatchContext) -> str | None:
     return "an empty dimension (fused kernels reject 0-size inputs)" if 0 in ctx.tensor("q").shape else None
 
 
+MATH_MAX_SCORES = 1 << 29  # elements of the score matrix the math backend materializes (2 GiB in fp32)
+
+
+def _scores_fit(ctx: DispatchContext) -> str | None:
+    at = ctx.attrs
+    n = math.prod(at["batch"]) * at["L"] * at["S"]
+    return f"materializes a {n}-element score matrix (> {MATH_MAX_SCORES})" if n > MATH_MAX_SCORES else None
+
+
 def _sdpa(args: ArgPack, backend: SDPBackend) -> None:
     q, k, v, mask = args.inputs
     at = args.attrs
@@ -118,7 +129,8 @@ def attention_torch_cudnn(args: ArgPack) -> None:
 
 
 @kernel(
-    "attention", "torch_math", backend="torch", dtypes=GPU_FLOAT_DTYPES, priority=0, launch_config=_launch_config,
+    "attention", "torch_math", backend="torch", dtypes=GPU_FLOAT_DTYPES, priority=0, conditions=(_scores_fit,),
+    launch_config=_launch_config,
 )  # fmt: skip
 def attention_torch_math(args: ArgPack) -> None:
     """SDPA's math backend: explicit softmax(q k^T) v in PyTorch ops; any shape, dtype and mask."""

@@ -59,6 +59,56 @@ def _configs(ctx: DispatchContext) -> tuple[flash.FwdConfig, flash.BwdConfig]:
     return fwd, bwd
 
 
+_TUNED: dict[tuple, flash.FwdConfig] = {}
+
+
+def _time_ms(fn: object, reps: int = 5) -> float:
+    fn()  # compile / warm up
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    begin.record()
+    for _ in range(reps):
+        fn()
+    end.record()
+    end.synchronize()
+    return begin.elapsed_time(end) / reps
+
+
+def tuned_forward_config(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, causal: bool, scale: float,
+    default: flash.FwdConfig,
+) -> flash.FwdConfig:  # fmt: skip
+    """The fastest forward candidate for this shape bucket: timed once on first use, kept in the tuning cache."""
+    D = q.shape[-1]
+    candidates = flash.FWD_CANDIDATES.get((flash.block_d(D), causal))
+    if INTERPRET or candidates is None or not q.is_cuda or default not in candidates:
+        return default
+    from ...runtime import tuning_cache
+
+    B, H, L, _ = q.shape
+    S, group = k.shape[2], H // k.shape[1]
+    cc = torch.cuda.get_device_capability(q.device)
+    shape = tuning_cache.shape_bucket((B * H, L, S))
+    memo = (str(q.dtype), shape, D, causal, group, cc)
+    if memo in _TUNED:
+        return _TUNED[memo]
+    source = flash._fwd_kernel.src + flash._fwd_tma_kernel.src
+    key = tuning_cache.key("attention_flash_v2_fwd", dtypes=str(q.dtype), shape=(B * H, L, S), arch=cc,
+                           source=source, head_dim=D, causal=causal, group=group)  # fmt: skip
+    stored = tuning_cache.get(key)
+    chosen = next((c for c in candidates if stored and str(c) == stored.get("config")), None)
+    if chosen is None:
+        times = {}
+        for c in candidates:
+            try:
+                times[c] = _time_ms(lambda c=c: flash.forward(q, k, v, out, None, None, causal, scale, c))
+            except Exception:  # a candidate that does not compile here (shared memory) just loses
+                continue
+        chosen = min(times, key=times.__getitem__) if times else default
+        tuning_cache.put(key, {"config": str(chosen), "times_ms": {str(c): t for c, t in times.items()}})
+    _TUNED[memo] = chosen
+    return chosen
+
+
 def launch_config(ctx: DispatchContext) -> LaunchConfig:
     fwd, bwd = _configs(ctx)
     at = ctx.attrs
@@ -104,8 +154,11 @@ def attention_flash_v2(args: ArgPack) -> None:
     b4 = _batch4(at["batch"])
     out = _view4(as_torch(args.out))
     mask4 = _mask4(mask, b4, at["L"], at["S"])
-    flash.forward(_view4(q, at["batch"]), _view4(k, at["batch"]), _view4(v, at["batch"]), out, None, mask4,
-                  at["is_causal"], at["scale"], args.config.params["fwd"])  # fmt: skip
+    q4, k4, v4 = _view4(q, at["batch"]), _view4(k, at["batch"]), _view4(v, at["batch"])
+    cfg = args.config.params["fwd"]
+    if mask4 is None:
+        cfg = tuned_forward_config(q4, k4, v4, out, at["is_causal"], at["scale"], cfg)
+    flash.forward(q4, k4, v4, out, None, mask4, at["is_causal"], at["scale"], cfg)
 
 
 @kernel(
@@ -120,8 +173,11 @@ def attention_forward_flash_v2(args: ArgPack) -> None:
     at = args.attrs
     b4 = _batch4(at["batch"])
     mask4 = _mask4(mask, b4, at["L"], at["S"])
-    flash.forward(_view4(q), _view4(k), _view4(v), _view4(as_torch(args.out)), lse.reshape(-1), mask4,
-                  at["is_causal"], at["scale"], args.config.params["fwd"])  # fmt: skip
+    q4, k4, v4, out = _view4(q), _view4(k), _view4(v), _view4(as_torch(args.out))
+    cfg = args.config.params["fwd"]
+    if mask4 is None:
+        cfg = tuned_forward_config(q4, k4, v4, out, at["is_causal"], at["scale"], cfg)
+    flash.forward(q4, k4, v4, out, lse.reshape(-1), mask4, at["is_causal"], at["scale"], cfg)
 
 
 @kernel(
