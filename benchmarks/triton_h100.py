@@ -26,8 +26,8 @@ def bench(fn) -> float:
 
 
 def run_tests(out: Path) -> None:
-    cmd = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "tests/test_triton_kernels.py",
-           "tests/test_triton_backend.py"]  # fmt: skip
+    cmd = [sys.executable, "-m", "pytest", "-q", "-rs", "-n", "8", "-p", "no:cacheprovider",
+           "tests/test_triton_kernels.py", "tests/test_triton_backend.py"]  # fmt: skip
     start = time.time()
     proc = subprocess.run(cmd, capture_output=True, text=True)
     (out / "pytest_triton_gpu.txt").write_text(proc.stdout + proc.stderr)
@@ -129,6 +129,49 @@ def sweep() -> dict:
     return found
 
 
+def diagnose() -> None:
+    """Host cost per call and the kernels one layer_norm forward+backward launches (with their times)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    import xpuruntime as xrt
+    from xpuruntime.backends.triton import matmul as tm
+
+    m, n = 8192, 4096
+    x, dy = (torch.randn(m, n, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    w, b = (torch.randn(n, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    policy = xrt.KernelPolicy(layer_norm="triton", layer_norm_backward="triton", strict=True)
+
+    def step() -> None:
+        with xrt.kernel_policy(policy):
+            xrt.ops.layer_norm(x, n, w, b)
+            xrt.ops.layer_norm_backward(dy, x, n, w)
+
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(50):
+        step()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    t2 = time.perf_counter()
+    print(
+        f"layer_norm fwd+bwd: host {1e6 * (t1 - t0) / 50:.1f} us/call, host+device {1e6 * (t2 - t0) / 50:.1f} us/call"
+    )
+    t0 = time.perf_counter()
+    for _ in range(50):
+        with xrt.kernel_policy(layer_norm="triton", layer_norm_backward="triton", strict=True):
+            pass
+    print(f"kernel_policy(**prefs) scope: {1e6 * (time.perf_counter() - t0) / 50:.1f} us")
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    for e in prof.key_averages():
+        if e.device_type.name == "CUDA" or getattr(e, "self_device_time_total", 0):
+            print(f"  {e.key[:70]:70s} {getattr(e, 'device_time_total', 0.0):9.1f} us x{e.count}")
+    print("matmul winners:", {k[:5]: v for k, v in tm._WINNERS.items()})
+
+
 def run_bench(out: Path) -> list:
     from xpuruntime import bench as B
 
@@ -162,6 +205,7 @@ def main() -> None:
             print(f"  best {k}: {v:.2f} TB/s")
     start = time.time()
     results = run_bench(out)
+    diagnose()
     print(f"bench ({time.time() - start:.0f}s)")
     print(f"{'row':48s} {'ours':>8s} {'anchor':>8s} {'units':7s} {'ratio':>6s} {'target':>7s} status / auto vs best")
     for r in results:

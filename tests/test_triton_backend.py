@@ -20,9 +20,10 @@ def rng() -> np.random.Generator:
     return np.random.default_rng()
 
 
-@pytest.mark.skipif(INTERPRET or ON_GPU, reason="the interpreter run itself, or a GPU run of the compiled kernels")
-def test_backend_under_interpreter() -> None:
-    rerun_under_interpreter(__file__)
+if not (INTERPRET or ON_GPU):  # CPU-only machines (CI): run this module again under the interpreter
+
+    def test_backend_under_interpreter() -> None:
+        rerun_under_interpreter(__file__)
 
 
 @kernel_test
@@ -35,15 +36,16 @@ def test_backend_is_registered_with_its_device_type() -> None:
     assert names == {"triton", "triton_splitk", "triton_gemv"}
 
 
-@pytest.mark.skipif(not INTERPRET, reason="explicit-only applies to the interpreter backend")
-def test_interpreter_kernels_run_only_where_the_policy_names_them(rng) -> None:
-    x = make(rng, (4, 5), "float32")
-    explanation = xrt.explain("softmax", x, show=False)
-    assert explanation.selected != "triton"
-    reasons = next(c.reasons for c in explanation.candidates if c.kernel.name == "triton")
-    assert any("only where the policy names it" in r for r in reasons)
-    with xrt.kernel_policy(softmax="triton", strict=True):
-        assert xrt.explain("softmax", x, show=False).selected == "triton"
+if INTERPRET:  # explicit-only and NumPy views exist only for the interpreter backend
+
+    def test_interpreter_kernels_run_only_where_the_policy_names_them(rng) -> None:
+        x = make(rng, (4, 5), "float32")
+        explanation = xrt.explain("softmax", x, show=False)
+        assert explanation.selected != "triton"
+        reasons = next(c.reasons for c in explanation.candidates if c.kernel.name == "triton")
+        assert any("only where the policy names it" in r for r in reasons)
+        with xrt.kernel_policy(softmax="triton", strict=True):
+            assert xrt.explain("softmax", x, show=False).selected == "triton"
 
 
 @kernel_test
@@ -71,11 +73,15 @@ def test_layout_the_kernel_cannot_index_is_a_reason_then_a_fallback(rng) -> None
     assert_close(out, sin_affine_reference(f64(x), f64(a), f64(b)), "float32")
 
 
-@pytest.mark.skipif(not INTERPRET, reason="negative strides exist only for NumPy arrays")
-def test_reversed_numpy_view_is_refused_with_a_reason(rng) -> None:
-    x = make(rng, (5, 6), "float32")[::-1]
-    with xrt.kernel_policy(softmax="triton", strict=True), pytest.raises(UnsupportedByPolicyError, match="negative"):
-        xrt.ops.softmax(x)
+if INTERPRET:  # negative strides exist only for NumPy arrays
+
+    def test_reversed_numpy_view_is_refused_with_a_reason(rng) -> None:
+        x = make(rng, (5, 6), "float32")[::-1]
+        with (
+            xrt.kernel_policy(softmax="triton", strict=True),
+            pytest.raises(UnsupportedByPolicyError, match="negative"),
+        ):
+            xrt.ops.softmax(x)
 
 
 @kernel_test

@@ -41,10 +41,10 @@ def strict(**prefs: str):
     return xrt.kernel_policy(strict=True, **prefs)
 
 
-@pytest.mark.skipif(INTERPRET, reason="this is the interpreter run itself")
-@pytest.mark.skipif(ON_GPU, reason="the GPU run tests the compiled kernels; the CPU CI runs the interpreter")
-def test_kernels_under_interpreter() -> None:
-    rerun_under_interpreter(__file__)
+if not (INTERPRET or ON_GPU):  # CPU-only machines (CI): run this module again under the interpreter
+
+    def test_kernels_under_interpreter() -> None:
+        rerun_under_interpreter(__file__)
 
 
 # -- sin_affine -------------------------------------------------------------------------------------
@@ -108,7 +108,7 @@ SUM_CASES = [  # shape, view, axis, keepdims
 @pytest.mark.parametrize("case", range(len(SUM_CASES)))
 def test_sum(rng, case: int, dtype: str) -> None:
     shape, view, axis, keepdims = SUM_CASES[case]
-    x = make(rng, shape, dtype, view, shift=0.5)
+    x = make(rng, shape, dtype, view, shift=0.0 if dtype == "float16" else 0.5)  # fp16 sums stay finite
     ref = sum_reference(f64(x), axis, keepdims)
     out = poisoned(ref.shape, dtype)
     with strict(sum="triton"):

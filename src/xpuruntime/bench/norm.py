@@ -19,7 +19,7 @@ def _layer_norm_forward() -> Setup:
     return Setup(
         ours=ours, anchor=lambda: F.layer_norm(x, (N,), w, b), bytes=2 * (2 * M * N + 2 * N),
         check=lambda: close(ours(), F.layer_norm(x, (N,), w, b), 2e-2),
-        alternatives=alternatives("layer_norm", call, x, N, w, b),
+        alternatives=alternatives("layer_norm", call, x, w, b, normalized_shape=N),
     )  # fmt: skip
 
 
@@ -32,8 +32,10 @@ def _layer_norm_forward_backward() -> Setup:
     x, w, b, dy = (randn(*s, dtype="bfloat16") for s in ((M, N), (N,), (N,), (M, N)))
     xr, wr, br = (t.clone().requires_grad_() for t in (x, w, b))
 
+    policy = xrt.KernelPolicy(layer_norm="triton", layer_norm_backward="triton", strict=True)  # built once
+
     def ours() -> object:
-        with xrt.kernel_policy(layer_norm="triton", layer_norm_backward="triton", strict=True):
+        with xrt.kernel_policy(policy):
             y = xrt.ops.layer_norm(x, N, w, b)
             return y, xrt.ops.layer_norm_backward(dy, x, N, w)
 
@@ -60,7 +62,7 @@ def _rms_norm_forward() -> Setup:
     return Setup(
         ours=ours, anchor=lambda: F.rms_norm(x, (N,), w, 1e-6), bytes=2 * (2 * M * N + N),
         check=lambda: close(ours(), F.rms_norm(x, (N,), w, 1e-6), 2e-2),
-        alternatives=alternatives("rms_norm", call, x, N, w, 1e-6),
+        alternatives=alternatives("rms_norm", call, x, w, normalized_shape=N, eps=1e-6),
     )  # fmt: skip
 
 
@@ -73,8 +75,10 @@ def _rms_norm_forward_backward() -> Setup:
     x, w, dy = (randn(*s, dtype="bfloat16") for s in ((M, N), (N,), (M, N)))
     xr, wr = (t.clone().requires_grad_() for t in (x, w))
 
+    policy = xrt.KernelPolicy(rms_norm="triton", rms_norm_backward="triton", strict=True)  # built once
+
     def ours() -> object:
-        with xrt.kernel_policy(rms_norm="triton", rms_norm_backward="triton", strict=True):
+        with xrt.kernel_policy(policy):
             return xrt.ops.rms_norm(x, N, w, 1e-6), xrt.ops.rms_norm_backward(dy, x, N, w, 1e-6)
 
     def anchor() -> object:

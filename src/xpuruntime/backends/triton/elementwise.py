@@ -120,7 +120,7 @@ def broadcast_launch_config(ctx: DispatchContext, names: tuple[str, ...]) -> Lau
     pad = MAX_DIMS - len(dims)
     linear = tuple(0 if n == 1 else s for n, s in zip(dims, _row_major(dims)))
     n = math.prod(dims) if math.prod(ctx.out_shape) else 0
-    block, warps = (1024, 4) if n < (1 << 22) else (4096, 8)
+    block, warps = (1024, 4) if n < (1 << 22) else (2048, 8)
     params = {
         "dims": ((1,) * pad + dims)[1:],
         "strides": [((0,) * pad + s) if s is not None else (0,) * MAX_DIMS for s in strides],

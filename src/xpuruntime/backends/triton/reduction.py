@@ -163,7 +163,7 @@ def sum_workspace_bytes(ctx: DispatchContext) -> int:
 
 
 @kernel(
-    "sum", "triton", backend="triton", dtypes=FLOAT_DTYPES, priority=20,
+    "sum", "triton", backend="triton", dtypes=FLOAT_DTYPES, priority=25,
     conditions=(no_negative_strides,), launch_config=sum_launch_config, workspace_bytes=sum_workspace_bytes,
 )  # fmt: skip
 def sum_triton(args: ArgPack) -> None:
