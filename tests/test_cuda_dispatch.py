@@ -172,7 +172,7 @@ def test_cuda_tensors_dispatch_on_the_callers_stream_and_return_cuda_tensors():
 def test_alignment_class_is_part_of_the_plan_key():
     registry, _ = cuda_registry(conditions=(aligned16,))
     dispatcher = Dispatcher(registry)
-    base = torch.randn(1001, device="cuda", dtype=torch.float16)
+    base = torch.randn(1100, device="cuda", dtype=torch.float16)
     dispatcher.run("scale2", (base[8:1000],))  # 16-byte aligned
     with pytest.raises(xrt.XpuRuntimeError, match="not 16-byte aligned"):
         dispatcher.run("scale2", (base[1:993],))  # same shape, dtype and strides; 2-byte offset

@@ -94,21 +94,18 @@ def test_stats_track_in_use_cached_and_peak():
     assert s.bytes_cached == 0 and s.blocks_cached == 0 and s.bytes_in_use == x.size
 
 
-def test_a_block_is_not_handed_to_another_stream_while_its_work_is_pending():
+def test_a_block_stays_with_its_stream_and_needs_no_event_there():
     arena = FakeStreamArena()
     a = CachingAllocator(arena)
     block = a.allocate(4096, stream="s1")
     a.free(block)
-    same = a.allocate(4096, stream="s1")
-    assert same is block, "same-stream reuse needs no wait (stream order)"
-    a.free(same)
+    assert a.allocate(4096, stream="s1") is block, "same-stream reuse needs no wait (stream order)"
+    a.free(block)
     other = a.allocate(4096, stream="s2")
-    assert other is not block, "handed out to s2 while s1 may still use it"
+    assert other is not block, "handed to s2 while s1 may still use it"
     a.free(other)
-    assert a.allocate(4096, stream="s3") not in (block, other), "both blocks still have pending work"
-    arena.finish("s1")
-    reused = a.allocate(4096, stream="s3")
-    assert reused is block and reused.stream == "s3"  # s1 done; other's s2 work is still pending
+    assert a.allocate(4096, stream="s2") is other and a.allocate(4096, stream="s1") is block
+    assert not arena.recorded, "the common case must not record events"
 
 
 def test_record_stream_guards_reuse_on_the_original_stream_too():
@@ -122,14 +119,18 @@ def test_record_stream_guards_reuse_on_the_original_stream_too():
     assert a.allocate(10_000, stream="s1") is block
 
 
-def test_empty_cache_keeps_blocks_with_pending_events_and_oom_retries_after_emptying():
+def test_empty_cache_synchronizes_then_drops_every_block_and_oom_retries_after_emptying():
     arena = FakeStreamArena()
+    arena.synchronize = arena.finish
     a = CachingAllocator(arena)
     pending = a.allocate(2048, stream="s1")
+    a.record_stream(pending, "copy")
     a.free(pending)
-    a.empty_cache()  # a real arena synchronizes first; the fake one leaves the event pending
-    assert a.stats().blocks_cached == 1
-    arena.finish()
+    a.empty_cache()
+    assert a.stats().blocks_cached == 0 and a.stats().bytes_cached == 0
+    assert all(e.done for _, e in arena.recorded), "dropped blocks before their work finished"
+    kept = a.allocate(4096, stream="s1")
+    a.free(kept)
     arena.fail_next = 1
     fresh = a.allocate(1 << 22, stream="s2")  # first try fails: cache emptied, second try succeeds
     assert fresh.size == size_class(1 << 22) and a.stats().oom_retries == 1 and a.stats().blocks_cached == 0
@@ -203,7 +204,7 @@ def test_device_and_pinned_allocators_on_cuda():
     dev.free(block)
     assert dev.allocate(1 << 20, torch.cuda.current_stream()) is not block, "reused while side stream busy"
     side.synchronize()
-    assert dev.allocate(1 << 20, side) is block
+    assert dev.allocate(1 << 20, torch.cuda.current_stream()) is block
     pinned = alloc.get_allocator("pinned", "cuda:0").empty((1000,), torch.float32)
     assert pinned.is_pinned() and pinned.data_ptr() % ALIGNMENT == 0
     del x

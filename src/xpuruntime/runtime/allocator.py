@@ -9,10 +9,12 @@ competing with PyTorch's for the same memory.
 Rules:
 - every block is at least 256-byte aligned and its size is a size class: multiples of 512 bytes up to
   1 MiB, then eight classes per power of two (at most 12.5 % slack);
-- a freed block is reusable at once on the stream it was last used on (stream order protects it); on
-  any other stream only after the events recorded at free time on every stream that used it have
-  completed, so a block is never handed out while a kernel may still read or write it;
-- `stats()` reports bytes in use / cached / peak and counts; `empty_cache()` returns cached blocks.
+- a freed block goes back to the bin of the stream it was allocated on and is reused at once on that
+  stream (stream order protects it), once the events recorded at free time on the other streams that
+  used it (`record_stream`) have completed; it never moves to another stream while cached, so a block is
+  never handed out while a kernel may still read or write it, and the common case records no event;
+- `empty_cache()` synchronizes the device and returns every cached block (which then serves any stream);
+- `stats()` reports bytes in use / cached / peak and counts.
 
 `empty(shape, dtype, stream)` gives a typed array whose block returns to the cache when the array
 and all its views are gone. Kernel outputs use PyTorch's own allocator (`torch.empty`) when it is
@@ -21,6 +23,7 @@ faster: see `benchmarks/dispatch_overhead.py` for the measurement.
 
 from __future__ import annotations
 
+import math
 import threading
 import weakref
 from collections.abc import Callable
@@ -169,13 +172,13 @@ class PinnedArena(TorchDeviceArena):
 
 
 class CachingAllocator:
-    """Size-class bins of free blocks, reused per stream under events; thread-safe."""
+    """Size-class bins of free blocks per stream, extra-stream use guarded by events; thread-safe."""
 
     def __init__(self, arena: Arena) -> None:
         self.arena = arena
         self.kind = arena.kind
         self.device = arena.device
-        self._bins: dict[int, list[Block]] = {}
+        self._bins: dict[tuple[Any, int], list[Block]] = {}  # (stream, size class) -> free blocks
         self._in_use: dict[int, Block] = {}  # id(block) -> block
         self._lock = threading.Lock()
         self._in_use_bytes = self._cached_bytes = self._peak = 0
@@ -203,22 +206,14 @@ class CachingAllocator:
         return block
 
     def _take_cached(self, size: int, stream: Any) -> Block | None:
-        """A free block of this class: first one last used on `stream` (its own events need no wait),
-        else one whose events have all completed."""
-        free = self._bins.get(size)
+        """The newest free block of this class on `stream` whose other-stream events have completed."""
+        free = self._bins.get((stream, size))
         if not free:
             return None
-        fallback = None
         for i in range(len(free) - 1, -1, -1):  # newest first: warmest in cache
-            block = free[i]
-            if block.stream == stream and self._ready(block, skip=stream):
+            if all(self.arena.ready(e) for e in free[i].events):
                 return free.pop(i)
-            if fallback is None and self._ready(block):
-                fallback = i
-        return None if fallback is None else free.pop(fallback)
-
-    def _ready(self, block: Block, skip: Any = ...) -> bool:
-        return all(s == skip or self.arena.ready(e) for s, e in block.events)
+        return None
 
     def _new_block(self, size: int) -> Block:
         with self._lock:
@@ -239,20 +234,21 @@ class CachingAllocator:
             block.used_on.append(stream)
 
     def free(self, block: Block) -> None:
-        """Return `block` to its bin; events recorded now guard its reuse on other streams."""
-        events = [(s, self.arena.record(s)) for s in (block.stream, *block.used_on)]
+        """Return `block` to its stream's bin; events recorded now on the other streams that used it
+        guard its reuse."""
+        events = [self.arena.record(s) for s in block.used_on]
         with self._lock:
             if self._in_use.pop(id(block), None) is None:
                 raise ValueError("free: block is not in use (freed twice, or from another allocator)")
-            block.events = [(s, e) for s, e in events if e is not None]
+            block.events = [e for e in events if e is not None]
             self._in_use_bytes -= block.size
             self._cached_bytes += block.size
             self._frees += 1
-            self._bins.setdefault(block.size, []).append(block)
+            self._bins.setdefault((block.stream, block.size), []).append(block)
 
     def empty(self, shape: tuple[int, ...], dtype: Any, stream: Any = None) -> Any:
         """A typed array from the cache; its block is freed once the array and its views are gone."""
-        nbytes = int(np.prod(shape, dtype=np.int64)) * _itemsize(dtype)
+        nbytes = math.prod(shape) * _itemsize(dtype)
         block = self.allocate(nbytes, stream)
         array = block.view(tuple(shape), dtype)
         owner = _owner(array)
@@ -260,14 +256,11 @@ class CachingAllocator:
         return array
 
     def empty_cache(self) -> None:
-        """Drop every cached block whose events have completed (all of them after a synchronize)."""
+        """Synchronize the device, then drop every cached block (their memory goes back to the arena)."""
         self.arena.synchronize()
         with self._lock:
-            for size, free in list(self._bins.items()):
-                keep = [b for b in free if not self._ready(b)]
-                self._cached_bytes -= size * (len(free) - len(keep))
-                self._bins[size] = keep
-            self._bins = {k: v for k, v in self._bins.items() if v}
+            self._bins.clear()
+            self._cached_bytes = 0
         self.arena.release()
 
     def stats(self) -> AllocatorStats:
