@@ -108,24 +108,26 @@ def _median(result: dict[str, Any], skip: int = 5) -> float | None:
     return statistics.median(times) if times else None
 
 
-def training_checks(root: Path, steps: int, extra: list[str] | None = None) -> dict[str, Any]:
+def training_checks(root: Path, steps: int, extra: list[str] | None = None, on_run: Any = None) -> dict[str, Any]:
     example = _example(root)
     s = ["--steps", str(steps), *(extra or [])]
-    runs = {
-        "none": _run(example, s),
-        "policy": _run(example, [*s, "--policy", POLICY]),
-        "autotune": _run(example, [*s, "--autotune"]),
-        "graph_none": _run(example, [*s, "--capture-graph"]),
-        "graph_policy": _run(example, [*s, "--capture-graph", "--policy", POLICY]),
-        "fp32_none": _run(example, ["--steps", "10", "--dtype", "fp32", *SMALL, *(extra or [])]),
-        "fp32_flash": _run(
-            example, ["--steps", "10", "--dtype", "fp32", *SMALL, *(extra or []), "--policy", "attention=flash_v2"]
-        ),
-        "fp32_strict": _run(
-            example,
-            ["--steps", "2", "--dtype", "fp32", *SMALL, *(extra or []), "--policy", "attention=flash_v2", "--strict"],
-        ),
+    small = ["--steps", "10", "--dtype", "fp32", *SMALL, *(extra or [])]
+    plan = {
+        "none": s,
+        "policy": [*s, "--policy", POLICY],
+        "fp32_none": small,
+        "fp32_flash": [*small, "--policy", "attention=flash_v2"],
+        "fp32_strict": [*small, "--policy", "attention=flash_v2", "--strict"],
+        "graph_policy": [*s, "--capture-graph", "--policy", POLICY],
+        "graph_none": [*s, "--capture-graph"],
+        "autotune": [*s, "--autotune"],
     }
+    runs: dict[str, Any] = {}
+    for name, argv in plan.items():
+        runs[name] = _run(example, argv)
+        print(f"run {name}: median step {_median(runs[name])} ms {runs[name].get('error', '')}", flush=True)
+        if on_run is not None:
+            on_run(runs)
     checks = {
         "policy_vs_none_max_rel_loss": _max_rel(runs["policy"].get("losses", []), runs["none"].get("losses", [])),
         "graph_vs_eager_policy_max_rel_loss": _max_rel(
@@ -208,9 +210,14 @@ def main(argv: list[str] | None = None) -> None:
     root = Path(__file__).resolve().parents[3]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    report = {"override_cost": {} if args.skip_override_cost else override_cost()}
+    report: dict[str, Any] = {"override_cost": {} if args.skip_override_cost else override_cost()}
     print(json.dumps(report["override_cost"], indent=1), flush=True)
-    report["training"] = training_checks(root, args.steps, args.example_args.split())
+
+    def save_partial(runs: dict[str, Any]) -> None:
+        partial = {**report, "partial_runs": runs}
+        (out / f"{args.name}.json").write_text(json.dumps(partial, indent=1, default=str))
+
+    report["training"] = training_checks(root, args.steps, args.example_args.split(), save_partial)
     (out / f"{args.name}.json").write_text(json.dumps(report, indent=1, default=str))
     text = _markdown(report)
     (out / f"{args.name}.md").write_text(text)
