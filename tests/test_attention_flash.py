@@ -179,7 +179,7 @@ def test_torch_backends_match_reference(name) -> None:
 def test_torch_backend_conditions_say_why() -> None:
     rng = np.random.default_rng()
     q = _tensor(rng, (2, 4, 64, 64), "bfloat16")
-    mask = torch.ones(64, 64, dtype=torch.bool, device="cuda")
+    mask = torch.ones(64, 32, dtype=torch.bool, device="cuda")
     explanation = xrt.explain("attention", q, q[:, :, :32], q[:, :, :32], mask, show=False)
     verdicts = {c.kernel.name: c.reasons for c in explanation.candidates}
     assert any("attn_mask" in r for r in verdicts["torch_flash"]) and any(
