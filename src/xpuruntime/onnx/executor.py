@@ -25,7 +25,10 @@ from .errors import NodeExecutionError
 from .lowering import XRT_DOMAIN, lower
 from .opmap import OPS
 
-ALWAYS_STATIC = frozenset({"Shape", "Size"})  # their outputs depend only on the input signature
+ALWAYS_STATIC = frozenset({"Shape", "Size"})
+TUPLE_RESULTS = frozenset(
+    {"LayerNormalization", "Split"}
+)  # op-map functions that return a tuple  # their outputs depend only on the input signature
 
 
 @dataclass
@@ -46,7 +49,7 @@ class Step:
         if self.kind == "kernel":
             k = self.plan.kernel
             return f"{k.op}/{k.name} [{k.backend}] ({self.plan.reason})"
-        return "numpy op map" + (f" ({self.note})" if self.note else "")
+        return f"{self.kind} op map" + (f" ({self.note})" if self.note else "")
 
 
 @dataclass
@@ -59,6 +62,7 @@ class ExecutionPlan:
     input_slots: list[int]
     output_slots: list[int]
     folded: int = 0  # nodes evaluated once while planning (shape chains)
+    static_outputs: set[int] = field(default_factory=set)  # outputs that are plan constants: copied out
     reused_buffers: int = 0
     profile: list[tuple[str, float]] = field(default_factory=list)
 
@@ -81,7 +85,8 @@ class ExecutionPlan:
             raise NodeExecutionError(_failure(steps[index], env, exc)) from exc
         except Exception as exc:
             raise NodeExecutionError(_failure(steps[index], env, exc)) from exc
-        return [_output(env[slot]) for slot in self.output_slots]
+        static = self.static_outputs
+        return [np.array(env[s]) if s in static else _output(env[s]) for s in self.output_slots]
 
 
 def _output(value: Any) -> Any:
@@ -101,12 +106,18 @@ def _failure(step: Step, env: list, exc: BaseException) -> str:
 
 
 class Planner:
-    """Builds an ExecutionPlan for one input signature by running the graph once."""
+    """Builds an ExecutionPlan for one input signature by running the graph once (NumPy arrays; the GPU
+    planner overrides the hooks marked below for device tensors)."""
+
+    op_table: dict = OPS  # hook: the functions of non-kernel steps
+    step_kind = "numpy"  # hook: how explain() labels them
+    wrap: Callable = staticmethod(np.asarray)  # hook: what a non-kernel step's result is turned into
 
     def __init__(self, graph: Graph, dispatcher: Dispatcher, fns: dict[int, Callable], reuse_memory: bool = True):
         self.graph = graph
         self.dispatcher = dispatcher
-        self.fns = fns  # id(node) -> op-map function (built once per session)
+        self.fns = fns  # id(node) -> step function (built once per session)
+        self.static_fns: dict[int, Callable] = {}
         self.reuse_memory = reuse_memory
 
     def build(self, feeds: dict[str, np.ndarray]) -> tuple[ExecutionPlan, list[Any]]:
@@ -145,7 +156,8 @@ class Planner:
                 folded += 1
                 continue
             try:
-                step = self._make_step(node, ins, outs, args, values)
+                ins = self._device_inputs(node, ins, values, static, slot)
+                step = self._make_step(node, ins, outs, [values[i] for i in ins], values)
                 step.run(values)
             except XpuRuntimeError as exc:
                 raise NodeExecutionError(_failure(Step(node, "numpy", ins, outs), values, exc)) from exc
@@ -155,6 +167,7 @@ class Planner:
         output_slots = [slots[v.name] if v.name in slots else slot(v.name) for v in graph.outputs]
         template: list[Any] = [values[i] if i in static else None for i in range(len(values))]
         plan = ExecutionPlan(slots, template, steps, input_slots, output_slots, folded)
+        plan.static_outputs = {s for s in output_slots if s in static}
         if self.reuse_memory:
             plan.reused_buffers = _assign_buffers(plan, values, set(output_slots) | set(input_slots))
         outputs = [_output(values[s]) for s in output_slots]
@@ -162,11 +175,19 @@ class Planner:
 
     # -- steps -------------------------------------------------------------------------------
     def _call_numpy(self, node: Node, args: list) -> tuple:
-        fn = self.fns.get(id(node))
+        fn = self.static_fns.get(id(node))
         if fn is None:
-            fn = self.fns[id(node)] = OPS[node.op](node, self.graph.opset)
+            fn = self.static_fns[id(node)] = OPS[node.op](node, self.graph.opset)
         result = fn(*args)
         return _as_outputs(node, result)
+
+    def _device_inputs(self, node: Node, ins: tuple, values: list, static: set, slot: Callable) -> tuple:
+        """Hook: the slots a step reads (the GPU planner moves constants to the device here)."""
+        return ins
+
+    def _fallback_step(self, node: Node, ins: tuple, outs: tuple, note: str) -> Step:
+        """Hook: an xrt node no kernel can run."""
+        return _reference_step(node, ins, outs, self.dispatcher, note)
 
     def _make_step(self, node: Node, ins: tuple, outs: tuple, args: list, values: list) -> Step:
         note = ""
@@ -185,14 +206,16 @@ class Planner:
                 )
             except XpuRuntimeError as exc:
                 if node.domain == XRT_DOMAIN:
-                    return _reference_step(node, ins, outs, self.dispatcher, f"no kernel: {exc}")
+                    return self._fallback_step(node, ins, outs, f"no kernel: {exc}")
                 note = f"{op} cannot run it: {type(exc).__name__}: {str(exc)[:200]}"
         if node.domain == XRT_DOMAIN:
-            return _reference_step(node, ins, outs, self.dispatcher, note or "no lowering")
+            return self._fallback_step(node, ins, outs, note or "no lowering")
         fn = self.fns.get(id(node))
         if fn is None:
-            fn = self.fns[id(node)] = OPS[node.op](node, self.graph.opset)
-        return _numpy_step(node, ins, outs, fn, note)
+            fn = self.fns[id(node)] = self.op_table[node.op](node, self.graph.opset)
+        step = _numpy_step(node, ins, outs, fn, note, self.wrap)
+        step.kind = self.step_kind
+        return step
 
 
 def _as_outputs(node: Node, result: Any) -> tuple:
@@ -200,11 +223,10 @@ def _as_outputs(node: Node, result: Any) -> tuple:
     return tuple(r if isinstance(r, np.ndarray) else np.asarray(r) for r in results)[: len(node.outputs)]
 
 
-def _numpy_step(node: Node, ins: tuple, outs: tuple, fn: Callable, note: str) -> Step:
+def _numpy_step(node: Node, ins: tuple, outs: tuple, fn: Callable, note: str, wrap: Callable) -> Step:
     step = Step(node, "numpy", ins, outs, fn=fn, note=note)
-    if len(outs) == 1:
+    if len(outs) == 1 and node.op not in TUPLE_RESULTS:
         (o,) = outs
-        wrap = np.asarray
 
         if len(ins) == 1:
             (a,) = ins
@@ -226,8 +248,9 @@ def _numpy_step(node: Node, ins: tuple, outs: tuple, fn: Callable, note: str) ->
     else:
 
         def run(env: list) -> None:
-            for s, r in zip(outs, _as_outputs(node, fn(*[env[i] for i in ins]))):
-                env[s] = r
+            result = fn(*[env[i] for i in ins])
+            for s, r in zip(outs, result if isinstance(result, tuple | list) else (result,)):
+                env[s] = wrap(r)
 
     step.run = run
     return step

@@ -16,12 +16,20 @@ import numpy as np
 from ..graph.ir import Node
 
 XRT_DOMAIN = "xrt"
-KERNEL_FLOATS = frozenset({"float16", "float32", "float64"})
+KERNEL_FLOATS = frozenset({"float16", "bfloat16", "float32", "float64"})
 Lowered = tuple[str, tuple[int | None, ...], dict[str, Any]]
 
 
+def dtype_name(x: Any) -> str | None:
+    """'float32' for a NumPy array or a torch tensor of that dtype; None for anything else."""
+    dtype = getattr(x, "dtype", None)
+    if dtype is None:
+        return None
+    return dtype.name if isinstance(dtype, np.dtype) else str(dtype).removeprefix("torch.")
+
+
 def _is_float(x: Any) -> bool:
-    return isinstance(x, np.ndarray) and x.dtype.name in KERNEL_FLOATS
+    return dtype_name(x) in KERNEL_FLOATS
 
 
 def _matmul(node: Node, args: list, opset: int) -> Lowered | None:
@@ -64,7 +72,7 @@ def _reduce_sum(node: Node, args: list, opset: int) -> Lowered | None:
     axes = args[1] if len(args) > 1 else None
     if opset < 13 or not _is_float(x) or x.ndim == 0:
         return None
-    raw = [] if axes is None else [int(a) for a in np.asarray(axes).reshape(-1)]
+    raw = [] if axes is None else [int(a) for a in np.asarray(axes).reshape(-1)]  # a host array (static)
     if not raw and node.attrs.get("noop_with_empty_axes", 0):
         return None
     axis = tuple(raw) if raw else None

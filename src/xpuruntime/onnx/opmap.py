@@ -275,12 +275,12 @@ def _ints(x: np.ndarray | None) -> list[int]:
 @op("Shape")
 def _shape(node: Node, opset: int) -> Fn:
     start, end = node.attrs.get("start", 0), node.attrs.get("end")
-    return lambda x: np.array(x.shape[start:end], np.int64)
+    return lambda x: np.array(tuple(x.shape)[start:end], np.int64)
 
 
 @op("Size")
 def _size(node: Node, opset: int) -> Fn:
-    return lambda x: np.array(x.size, np.int64)
+    return lambda x: np.array(math.prod(x.shape), np.int64)
 
 
 @op("Reshape")

@@ -169,7 +169,15 @@ class InferenceSession:
         lines += [
             f"  pass {r.name:<22} nodes {r.before:>4} -> {r.after:<4} ({r.changes} changes)" for r in self.pass_summary
         ]
-        plan = self.plan(input_feed) if input_feed is not None else (next(reversed(self._plans.values()), None))
+        if self._backend is not None:
+            if input_feed is not None:
+                self.run(None, input_feed)
+            entries = list(self._backend.entries.values())
+            plan = entries[-1].plan if entries else None
+            if entries:
+                lines.append(f"  {entries[-1].note}")
+        else:
+            plan = self.plan(input_feed) if input_feed is not None else next(reversed(self._plans.values()), None)
         if plan is None:
             lines.append("  (no plan yet: run the model or pass input_feed)")
             return "\n".join(lines)
@@ -182,7 +190,8 @@ class InferenceSession:
     def plan_summary(self) -> dict[str, int]:
         """Steps per kernel (or 'numpy op map') over all plans made so far."""
         counts: dict[str, int] = {}
-        for plan in self._plans.values():
+        plans = self._backend.plans() if self._backend is not None else self._plans.values()
+        for plan in plans:
             for step in plan.steps:
                 key = step.describe().split(" (")[0]
                 counts[key] = counts.get(key, 0) + 1
@@ -228,23 +237,28 @@ def _check_input(v: Value, value: Any, symbols: dict[str, tuple[str, int]]) -> n
         raise InputFeedError(f"run: input '{v.name}' cannot be converted to an array: {exc}") from None
     if v.dtype is not None and array.dtype.name != v.dtype:
         raise DTypeError(f"run: input '{v.name}' expected dtype {v.dtype}, got {array.dtype.name}")
-    if v.shape is not None:
-        if array.ndim != len(v.shape):
-            raise ShapeError(
-                f"run: input '{v.name}' expected rank {len(v.shape)} (shape {list(v.shape)}), "
-                f"got shape {list(array.shape)}"
-            )
-        for axis, (want, got) in enumerate(zip(v.shape, array.shape)):
-            if isinstance(want, int) and want != got:
-                raise ShapeError(
-                    f"run: input '{v.name}' expected size {want} on dim {axis} (shape {list(v.shape)}), "
-                    f"got shape {list(array.shape)}"
-                )
-            if isinstance(want, str):
-                seen = symbols.setdefault(want, (v.name, got))
-                if seen[1] != got:
-                    raise ShapeError(
-                        f"run: input '{v.name}' dim {axis} ('{want}') is {got}, "
-                        f"but input '{seen[0]}' has '{want}' = {seen[1]}"
-                    )
+    check_shape(v, array.shape, symbols)
     return array
+
+
+def check_shape(v: Value, shape: tuple[int, ...], symbols: dict[str, tuple[str, int]]) -> None:
+    """Rank, fixed dims and symbolic dims shared between inputs; errors name the input and the dim."""
+    if v.shape is None:
+        return
+    if len(shape) != len(v.shape):
+        raise ShapeError(
+            f"run: input '{v.name}' expected rank {len(v.shape)} (shape {list(v.shape)}), got shape {list(shape)}"
+        )
+    for axis, (want, got) in enumerate(zip(v.shape, shape)):
+        if isinstance(want, int) and want != got:
+            raise ShapeError(
+                f"run: input '{v.name}' expected size {want} on dim {axis} (shape {list(v.shape)}), "
+                f"got shape {list(shape)}"
+            )
+        if isinstance(want, str):
+            seen = symbols.setdefault(want, (v.name, got))
+            if seen[1] != got:
+                raise ShapeError(
+                    f"run: input '{v.name}' dim {axis} ('{want}') is {got}, "
+                    f"but input '{seen[0]}' has '{want}' = {seen[1]}"
+                )
