@@ -83,8 +83,13 @@ def launch_only(op: str, *inputs: object, dispatcher: object = None) -> Callable
     return call
 
 
-def cuda_cases(torch: object) -> list[tuple[str, Callable[[], object], Callable[[], object], Callable[[], object]]]:
-    """(name, xrt call, direct PyTorch call, launch-only call) with CUDA tensors, for ops with a GPU kernel."""
+def cuda_cases(
+    torch: object, fast_stream: bool = False
+) -> list[tuple[str, Callable[[], object], Callable[[], object], Callable[[], object]]]:
+    """(name, xrt call, direct PyTorch call, launch-only call) with CUDA tensors, for ops with a GPU kernel;
+    `fast_stream` swaps each cached plan's stream lookup for `xpuruntime.runtime.streams.current_stream`."""
+    from xpuruntime.runtime import streams
+
     a = torch.randn(4, 4, device="cuda")
     b = torch.randn(4, 4, device="cuda")
     x = torch.randn(64, device="cuda")
@@ -97,6 +102,8 @@ def cuda_cases(torch: object) -> list[tuple[str, Callable[[], object], Callable[
         ("cuda softmax 64", lambda: xrt.ops.softmax(x), lambda: torch.softmax(x, -1), ("softmax", x)),
     ]:  # fmt: skip
         plan = xrt.default_dispatcher().plan(op, *inputs)
+        if fast_stream:
+            plan.current_stream = streams.current_stream
         if plan.device.startswith("cuda"):
             found.append((f"{name} [{plan.kernel.backend}/{plan.kernel.name}]", through_xrt, direct,
                           launch_only(op, *inputs)))  # fmt: skip
@@ -152,13 +159,33 @@ def cuda_extras(torch: object) -> dict[str, float]:
     }, number=5_000, repeat=7, sync=torch.cuda.synchronize)  # fmt: skip
 
 
+def measure(cases: list) -> list[dict]:
+    """Time (name, xrt, direct, launch, sync) cases; one result dict per case."""
+    rows = []
+    for name, through_xrt, direct, launch, sync in cases:
+        number, repeat = (20_000, 15) if sync is None else (5_000, 9)
+        times = per_call_us({"xrt": through_xrt, "direct": direct, "launch": launch}, number, repeat, sync)
+        t_xrt, t_direct, t_launch = times["xrt"], times["direct"], times["launch"]
+        rows.append({"case": name, "xrt_us": t_xrt, "direct_us": t_direct, "launch_us": t_launch,
+                     "overhead_vs_direct_us": t_xrt - t_direct, "overhead_vs_launch_us": t_xrt - t_launch})  # fmt: skip
+    return rows
+
+
+def fast_stream_cases(torch: object) -> list:
+    """The CUDA cases again after swapping each cached plan's current-stream lookup for
+    `xpuruntime.runtime.streams.current_stream` (what a backend gets by using it): shows how much of the
+    overhead is the backend's own lookup."""
+    return [(f"{name} +fast stream", *rest) for name, *rest in cuda_cases(torch, True) if "scale2" not in name]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", help="also write the results to this JSON file")
     parser.add_argument("--cuda-only", action="store_true", help="only the CUDA rows")
+    parser.add_argument("--fast-stream", action="store_true",
+                        help="CUDA rows again with each plan's stream lookup swapped for runtime.streams'")  # fmt: skip
     args = parser.parse_args()
 
-    rows = []
     measured = [] if args.cuda_only else [(*c[:3], launch_only(*c[3]), None) for c in cases()]
     extras: dict[str, float] = {}
     try:
@@ -168,12 +195,9 @@ def main() -> int:
     if torch is not None and torch.cuda.is_available():
         measured += [(*c, torch.cuda.synchronize) for c in cuda_cases(torch)]
         extras = cuda_extras(torch)
-    for name, through_xrt, direct, launch, sync in measured:
-        number, repeat = (20_000, 15) if sync is None else (5_000, 9)
-        times = per_call_us({"xrt": through_xrt, "direct": direct, "launch": launch}, number, repeat, sync)
-        t_xrt, t_direct, t_launch = times["xrt"], times["direct"], times["launch"]
-        rows.append({"case": name, "xrt_us": t_xrt, "direct_us": t_direct, "launch_us": t_launch,
-                     "overhead_vs_direct_us": t_xrt - t_direct, "overhead_vs_launch_us": t_xrt - t_launch})  # fmt: skip
+    rows = measure(measured)
+    if torch is not None and torch.cuda.is_available() and args.fast_stream:
+        rows += measure([(*c, torch.cuda.synchronize) for c in fast_stream_cases(torch)])
 
     stats = xrt.plan_cache().stats()
     print(f"Python {platform.python_version()} on {platform.machine()}, NumPy {np.__version__}")

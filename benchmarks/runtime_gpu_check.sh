@@ -10,7 +10,7 @@ python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", tr
 timeout 240 python3 -m pytest -q -p no:cacheprovider -rs tests/test_cuda_dispatch.py tests/test_runtime_allocator.py \
     tests/test_runtime_streams.py tests/test_runtime_tuning_cache.py tests/test_bench.py tests/test_runtime_cli.py \
     > "$OUT/pytest_runtime_gpu.txt" 2>&1
-timeout 200 python3 benchmarks/dispatch_overhead.py --json "$OUT/dispatch_overhead_gpu.json" > "$OUT/dispatch_overhead_gpu.txt" 2>&1
+timeout 240 python3 benchmarks/dispatch_overhead.py --fast-stream --json "$OUT/dispatch_overhead_gpu.json" > "$OUT/dispatch_overhead_gpu.txt" 2>&1
 timeout 60 python3 -m xpuruntime info > "$OUT/info_gpu.txt" 2>&1
 timeout 120 python3 -m xpuruntime demo --iterations 1 > "$OUT/demo_gpu.txt" 2>&1
 echo "demo exit code: $?"

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 from numpy import ndarray
 
+from . import arrays
 from .abi import TensorSpec
 from .arrays import as_array, is_cpu_tensor, is_torch_tensor, numpy_view, signature
 from .context import check_arity
@@ -22,7 +23,13 @@ def plan_key(op: str, fingerprint: int, attrs: tuple, inputs: tuple, out: Any) -
     Raises NotAnArray for an argument that `normalize_call` must convert first; hashing the key raises
     TypeError for an unhashable attribute (the caller then normalizes too).
     """
-    sigs = [(x.dtype, x.shape, x.strides) if type(x) is ndarray else signature(x) for x in inputs]
+    tensor = arrays.loaded_tensor_type  # NumPy arrays and CUDA tensors inline (the hot cases), the rest via signature
+    sigs = [
+        (x.dtype, x.shape, x.strides) if type(x) is ndarray
+        else (x.dtype, x.shape, x.stride(), x.get_device(), not x.data_ptr() & 15) if type(x) is tensor and x.is_cuda
+        else signature(x)
+        for x in inputs
+    ]  # fmt: skip
     types = tuple(map(type, attrs)) if attrs else ()
     if tuple in types:
         types = attr_types(attrs)

@@ -20,17 +20,21 @@ class NotAnArray(Exception):
     """Raised by `signature` for an object that must first be converted with `as_array`."""
 
 
-_TENSOR_TYPE: list[type] = []  # torch.Tensor once torch has been imported by someone
+class _NoTensorType:
+    """Stands for torch.Tensor until someone imports torch (nothing is an instance of it)."""
+
+
+loaded_tensor_type: type = _NoTensorType  # torch.Tensor once torch has been imported (by anyone)
 
 
 def _torch_tensor_type() -> type | None:
-    if _TENSOR_TYPE:
-        return _TENSOR_TYPE[0]
-    torch = sys.modules.get("torch")
-    tensor_type = getattr(torch, "Tensor", None)
-    if tensor_type is not None:
-        _TENSOR_TYPE.append(tensor_type)
-    return tensor_type
+    global loaded_tensor_type
+    if loaded_tensor_type is _NoTensorType:
+        found = getattr(sys.modules.get("torch"), "Tensor", None)
+        if found is None:
+            return None
+        loaded_tensor_type = found
+    return loaded_tensor_type
 
 
 def is_torch_tensor(x: Any) -> bool:
@@ -45,17 +49,19 @@ def signature(x: Any) -> Any:
     aligned pointers, so alignment is part of the key (and conditions may look at `TensorSpec.ptr % 16`).
     A CPU tensor raises NotAnArray: the slow path views it as a NumPy array first.
     """
-    if type(x) is np.ndarray:
+    kind = type(x)
+    if kind is np.ndarray:
         return (x.dtype, x.shape, x.strides)
-    if x is None:
-        return None
-    if type(x) in SCALAR_TYPES:
-        return type(x)
-    if is_torch_tensor(x):
+    if kind is loaded_tensor_type or is_torch_tensor(x):  # the first test is the fast one for plain tensors
         if x.is_cuda:
             return (x.dtype, x.shape, x.stride(), x.get_device(), not x.data_ptr() & 15)
         if x.device.type != "cpu":
             return (x.dtype, x.shape, x.stride(), str(x.device))
+        raise NotAnArray
+    if x is None:
+        return None
+    if kind in SCALAR_TYPES:
+        return kind
     raise NotAnArray
 
 
