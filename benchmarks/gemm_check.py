@@ -6,7 +6,6 @@ before the dispatcher takes CUDA tensors. Usage: python benchmarks/gemm_check.py
 
 from __future__ import annotations
 
-import importlib
 import json
 import sys
 import time
@@ -20,23 +19,15 @@ from triton.testing import do_bench
 from xpuruntime.abi import ArgPack
 from xpuruntime.context import build_context
 from xpuruntime.policy import KernelPolicy
-from xpuruntime.registry import Registry, _declared
-from xpuruntime.schema import OpSchema
+from xpuruntime.registry import Registry
 
 RESULTS: dict = {"checks": [], "timings": [], "host_us": {}}
 
 
 def registry() -> Registry:
-    r = Registry()
-    mods = [
-        importlib.import_module(f"xpuruntime.ops.{m}")
-        for m in ("matmul", "linear", "linear_backward", "norm", "softmax", "reduction")
-    ]
-    for s in _declared(mods, OpSchema):
-        r.register_op(s)
-    for b in ("torch", "cublaslt"):
-        r.load_backend(f"xpuruntime.backends.{b}")
-    return r
+    from xpuruntime.registry import default_registry
+
+    return default_registry()
 
 
 REG = registry()
@@ -224,6 +215,35 @@ def timings():
                                    "cublasLt": None if tl is None else (nbytes / tl) / (2 * nbytes / tc)})  # fmt: skip
 
 
+def variants():
+    """GELU_BIAS at 8192x4096x4096 under plan variants: workspace limit, in-place C vs A/B-only plans."""
+    print("== plan variants (linear gelu 8192x4096x4096)")
+    from xpuruntime.backends.cublaslt import common
+
+    m = n = k = 4096
+    m = 8192
+    x, w, bias = rnd(m, k), rnd(n, k, scale=k**-0.5), rnd(n)
+    out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+    a, b, c = w, x.t(), out.t()
+    limit = common.WORKSPACE_LIMIT
+    for name, lim, raw, ab in (("ab-only raw 32MiB", limit, True, True), ("inplace raw 32MiB", limit, True, False),
+                               ("inplace execute 32MiB", limit, False, False), ("ab-only raw 1GiB", 1 << 30, True, True),
+                               ("inplace raw 1GiB", 1 << 30, True, False)):  # fmt: skip
+        common.WORKSPACE_LIMIT = lim
+        plan = common.GemmPlan(a, b, c, "GELU_BIAS", {"bias": bias}, None, None, raw=raw, ab_only=ab)
+        ws = torch.empty(max(plan.workspace_size, 1), dtype=torch.uint8, device="cuda")
+        t = bench(
+            f"variant {name} (raw={plan.raw}, inplace={plan.inplace}, ws={plan.workspace_size})",
+            lambda plan=plan, ws=ws: plan.run(a, b, c, bias=bias, workspace=ws),
+            2 * m * n * k,
+        )
+        RESULTS["timings"].append({"name": f"variant {name}", "ms": t})
+        plan.free()
+    common.WORKSPACE_LIMIT = limit
+    t0 = bench("eager gelu(linear(x)+b) again", lambda: F.gelu(F.linear(x, w) + bias), 2 * m * n * k)
+    RESULTS["timings"].append({"name": "eager again", "ms": t0})
+
+
 def host_cost():
     print("== host cost per call (tiny problem, sync only at the end)")
     from xpuruntime.backends.cublaslt import common
@@ -289,13 +309,70 @@ def host_cost():
         RESULTS["host_us"]["dispatcher_error"] = repr(exc)[:300]
 
 
+def dispatch_profile():
+    """Host cost of the public call path at a host-bound size, and where it goes (cProfile)."""
+    print("== dispatcher host cost (linear gelu 2048x4096x4096, gemv 1x8192x8192)")
+    import cProfile
+    import io
+    import pstats
+
+    import xpuruntime as xrt
+
+    x, w, bias = rnd(2048, 4096), rnd(4096, 4096, scale=1 / 64), rnd(4096)
+    v, wt = rnd(1, 8192), rnd(8192, 8192, scale=0.01)
+
+    def per_call(f, n=300):
+        for _ in range(20):
+            f()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            f()
+        host = (time.perf_counter() - t0) / n * 1e6
+        torch.cuda.synchronize()
+        total = (time.perf_counter() - t0) / n * 1e6
+        return host, total
+
+    def scoped():
+        with xrt.kernel_policy(linear="cublasLt", strict=True):
+            return xrt.ops.linear(x, w, bias, "gelu")
+
+    cases = {
+        "linear scoped policy": scoped,
+        "linear auto": lambda: xrt.ops.linear(x, w, bias, "gelu"),
+        "gemv auto": lambda: xrt.ops.matmul(v, wt),
+        "gemv torch.matmul": lambda: torch.matmul(v, wt),
+        "linear eager anchor": lambda: F.gelu(F.linear(x, w) + bias),
+    }
+    for name, f in cases.items():
+        host, total = per_call(f)
+        RESULTS["host_us"][f"{name} (host us/call, wall us/call)"] = (host, total)
+        print(f"  {name}: host {host:.1f} us/call, wall {total:.1f} us/call")
+    print(
+        "  auto picks:",
+        xrt.default_dispatcher().plan("linear", x, w, bias, activation="gelu").kernel.name,
+        xrt.default_dispatcher().plan("matmul", v, wt).kernel.name,
+    )
+    for name in ("linear scoped policy", "gemv auto"):
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(200):
+            cases[name]()
+        prof.disable()
+        torch.cuda.synchronize()
+        buf = io.StringIO()
+        pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(14)
+        print(f"  -- profile {name}")
+        print("\n".join(line for line in buf.getvalue().splitlines()[6:30] if line.strip()))
+
+
 def main():
     out_dir = sys.argv[1] if len(sys.argv) > 1 else "."
     print(torch.__version__, torch.cuda.get_device_name())
     import nvmath
 
     print("nvmath", nvmath.__version__, "backend unavailable?", REG.backends["cublaslt"].unavailable_reason)
-    for step in (correctness, timings, host_cost):
+    for step in (dispatch_profile, variants, correctness, timings, host_cost):
         try:
             step()
         except Exception:

@@ -14,6 +14,7 @@ torch = pytest.importorskip("torch")
 import xpuruntime as xrt  # noqa: E402
 from xpuruntime.abi import ArgPack, LaunchConfig  # noqa: E402
 from xpuruntime.context import build_context  # noqa: E402
+from xpuruntime.dispatch import run  # noqa: E402
 from xpuruntime.policy import KernelPolicy  # noqa: E402
 from xpuruntime.registry import default_registry  # noqa: E402
 
@@ -102,9 +103,7 @@ def test_torch_kernels_through_the_dispatcher_on_gpu(op):
     cases = {c[0]: c for c in CASES}
     _, inputs, attrs = cases[op]
     cuda_inputs = tuple(None if t is None else t.cuda() for t in inputs)
-    schema = default_registry().op(op)
-    kwargs = dict(zip(schema.attrs, attrs))
     with xrt.kernel_policy(strict=True, **{op: "torch"}):
-        got = getattr(xrt.ops, op)(*cuda_inputs, **kwargs)
+        got = run(op, cuda_inputs, attrs)
     assert got.is_cuda
     np.testing.assert_allclose(got.double().cpu().numpy(), reference(op, inputs, attrs), rtol=1e-5, atol=1e-5)

@@ -207,13 +207,13 @@ class GemmPlan:
     """
 
     def __init__(self, a: Any, b: Any, c: Any, epilog: str | None, epilog_inputs: dict | None,
-                 compute_type: str | None, stream: Any, raw: bool = True) -> None:  # fmt: skip
+                 compute_type: str | None, stream: Any, raw: bool = True, ab_only: bool = True) -> None:  # fmt: skip
         self.epilog = epilog
         self._lock = threading.Lock()
         self._pointers: dict[str, int] = {}
         self._own_workspace = None
         self.mm, self.raw, self.inplace = None, False, False
-        if raw:
+        if raw and ab_only:
             mm = self._make(a, b, None, epilog, epilog_inputs, compute_type, stream)
             traits = mm.result_traits
             if (tuple(traits.result_shape), tuple(traits.result_strides)) == (tuple(c.shape), c.stride()) and (

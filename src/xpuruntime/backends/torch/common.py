@@ -7,6 +7,8 @@ from typing import Any
 
 import torch
 
+from ...runtime.streams import current_stream
+
 TORCH_DTYPES: dict[str, torch.dtype] = {
     "float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64,
     "int8": torch.int8, "int16": torch.int16, "int32": torch.int32, "int64": torch.int64, "uint8": torch.uint8,
@@ -14,6 +16,16 @@ TORCH_DTYPES: dict[str, torch.dtype] = {
 }  # fmt: skip
 GPU_FLOAT_DTYPES = frozenset({"float16", "bfloat16", "float32", "float64"})
 HALF_DTYPES = frozenset({"float16", "bfloat16"})
+__all__ = [
+    "GPU_FLOAT_DTYPES",
+    "TORCH_DTYPES",
+    "current_stream",
+    "empty",
+    "probe",
+    "record_event",
+    "rows",
+    "synchronize",
+]
 
 
 def probe() -> str | None:
@@ -26,10 +38,6 @@ def probe() -> str | None:
 def empty(shape: tuple[int, ...], dtype: str, device: str, stream: Any = None) -> torch.Tensor:
     """An uninitialized tensor from PyTorch's caching allocator (stream-ordered on the current stream)."""
     return torch.empty(shape, dtype=TORCH_DTYPES[dtype], device=device)
-
-
-def current_stream(device: str) -> Any:
-    return torch.cuda.current_stream(torch.device(device))
 
 
 def synchronize(device: str, stream: Any) -> None:
