@@ -224,3 +224,15 @@ def test_policy_store_is_the_core_one():
     finally:
         xtorch.clear_kernel_policy()
     assert xtorch.installed_overrides() == {}
+
+
+def test_autotune_policy_installs_and_routes(cpu_routing):
+    a, b = torch.randn(6, 5), torch.randn(5, 4)
+    expected = torch.mm(a, b)
+    xtorch.set_kernel_policy(xrt.KernelPolicy({"matmul": "autotune"}, validate=cpu_routing))
+    assert set(xtorch.installed_overrides()) == {"matmul"}
+    xrt.enable_dispatch_logging()
+    torch.testing.assert_close(torch.mm(a, b), expected, rtol=1e-5, atol=1e-5)
+    assert [(r.op_name, r.reason) for r in xrt.get_dispatch_logs()][:1] == [("matmul", "autotune")]
+    xtorch.set_kernel_policy(xrt.KernelPolicy(autotune=True, validate=cpu_routing))
+    assert set(xtorch.installed_overrides()) == {"matmul", "linear", "attention", "layer_norm", "rms_norm"}

@@ -115,6 +115,7 @@ def training_checks(root: Path, steps: int, extra: list[str] | None = None, on_r
     plan = {
         "none": s,
         "policy": [*s, "--policy", POLICY],
+        "flash_only": [*s, "--policy", "attention=flash_v2"],
         "fp32_none": small,
         "fp32_flash": [*small, "--policy", "attention=flash_v2"],
         "fp32_strict": [*small, "--policy", "attention=flash_v2", "--strict"],
@@ -143,12 +144,17 @@ def training_checks(root: Path, steps: int, extra: list[str] | None = None, on_r
         "strict_error": runs["fp32_strict"].get("error"),
         "policy_calls_per_step": {
             f"{op}/{kernel}": _calls(runs["policy"], op, kernel) / steps
-            for op, kernel in (("matmul", "cublasLt"), ("attention", "flash_v2"), ("attention_backward", "flash_v2"))
+            for op, kernel in (
+                ("matmul", "cublasLt"),
+                ("linear", "cublasLt"),
+                ("attention_forward", "flash_v2"),
+                ("attention_backward", "flash_v2"),
+            )
         },
     }
     eager = _median(runs["none"])
     timing = {}
-    for name in ("none", "policy", "autotune", "graph_none", "graph_policy"):
+    for name in ("none", "policy", "flash_only", "autotune", "graph_none", "graph_policy"):
         ms = _median(runs[name])
         timing[name] = {"median_step_ms": ms, "speedup_vs_eager": (eager / ms) if ms and eager else None}
     return {"runs": runs, "checks": checks, "timing": timing}

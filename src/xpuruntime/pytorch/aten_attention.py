@@ -40,7 +40,7 @@ def _training_forward(q: Any, k: Any, v: Any, mask: Any, attrs: tuple) -> tuple[
     if not has_op("attention_forward"):
         return None, None
     lse = torch.empty((*q.shape[:-2], q.shape[-2]), dtype=torch.float32, device=q.device)
-    out = dispatch("attention_forward", (q, k, v, mask, lse), attrs)
+    out = dispatch("attention_forward", (q, k, v, mask, lse), attrs, warn=False)  # `attention` is tried next
     return (out, lse) if out is not None else (None, None)
 
 

@@ -12,7 +12,7 @@ import torch
 
 from ..policy import KernelPolicy, current_policy
 from .families import family_policy, using
-from .routing import attrs_for, dispatch, tls
+from .routing import ALL_OPS, attrs_for, dispatch, routed_ops, tls, wants
 
 # the out= overloads are separate aten operators (never overridden); the torch.* bindings reach them
 # with less Python overhead than torch.ops.aten.*.out
@@ -20,8 +20,8 @@ _mm_out, _bmm_out, _addmm_out = torch.mm, torch.bmm, torch.addmm
 
 
 def mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """aten::mm: 2-D product through `matmul` when the policy names it."""
-    if not tls.busy and "matmul" in current_policy().preferences:
+    """aten::mm: 2-D product through `matmul` when the policy steers it."""
+    if wants("matmul"):
         out = dispatch("matmul", (a, b))
         if out is not None:
             return out
@@ -29,8 +29,8 @@ def mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """aten::bmm: batched product through `matmul` when the policy names it."""
-    if not tls.busy and "matmul" in current_policy().preferences:
+    """aten::bmm: batched product through `matmul` when the policy steers it."""
+    if wants("matmul"):
         out = dispatch("matmul", (a, b))
         if out is not None:
             return out
@@ -40,7 +40,7 @@ def bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 def _as_linear(bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor, policy: KernelPolicy) -> torch.Tensor | None:
     """x Wᵀ + b through `linear` when the (family-extended) policy names a kernel for it."""
     derived = family_policy(policy)
-    if "linear" not in derived.preferences:
+    if "linear" not in routed_ops(derived) and ALL_OPS not in routed_ops(derived):
         return None
     with using(derived):
         return dispatch("linear", (a, b.t(), bias), attrs_for("linear", {}))
@@ -52,11 +52,12 @@ def addmm(bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, beta: float =
     by the scaled bias add; else PyTorch's kernel."""
     if not tls.busy:
         policy = current_policy()
-        prefs = policy.preferences
+        steered = routed_ops(policy)
+        every = ALL_OPS in steered
         out = None
-        if beta == 1 and alpha == 1 and bias.dim() == 1 and ("linear" in prefs or "matmul" in prefs):
+        if beta == 1 and alpha == 1 and bias.dim() == 1 and (every or "linear" in steered or "matmul" in steered):
             out = _as_linear(bias, a, b, policy)
-        if out is None and "matmul" in prefs:
+        if out is None and (every or "matmul" in steered):
             out = dispatch("matmul", (a, b))
             if out is not None:
                 if alpha != 1:

@@ -15,7 +15,7 @@ from typing import Any
 
 from .. import policy as _core_policy
 from ..arguments import plan_key
-from ..policy import KernelPolicy, current_policy
+from ..policy import AUTOTUNE, KernelPolicy, current_policy
 from .routing import get_dispatcher
 
 FAMILIES = {
@@ -33,16 +33,16 @@ def family_policy(policy: KernelPolicy) -> KernelPolicy:
     key = (policy.fingerprint, id(registry), registry.generation)
     derived = _derived.get(key)
     if derived is None:
-        prefs = dict(policy.preferences)
+        prefs = {**dict.fromkeys(policy.autotune_ops, AUTOTUNE), **policy.preferences}
         for head, members in FAMILIES.items():
-            name = policy.preferences.get(head)
+            name = prefs.get(head)
             for member in members:
-                if name is not None and member not in prefs and name in registry.kernels.get(member, {}):
+                known = name == AUTOTUNE or name in registry.kernels.get(member, {})
+                if name is not None and member not in prefs and known:
                     prefs[member] = name
         derived = policy
-        if prefs != dict(policy.preferences):
-            options = {"strict": policy.strict, "math_mode": policy.math_mode, "sync": policy.sync}
-            derived = KernelPolicy(prefs, deterministic=policy.deterministic, validate=False, **options)
+        if len(prefs) != len(policy.preferences) + len(policy.autotune_ops):
+            derived = _rebuilt(policy, prefs)
         if len(_derived) > 1024:
             _derived.clear()
         _derived[key] = derived
@@ -70,8 +70,14 @@ def fell_back(op: str, inputs: tuple, attrs: tuple, policy: KernelPolicy) -> boo
 
 def without(policy: KernelPolicy, ops: tuple[str, ...], user: KernelPolicy) -> KernelPolicy:
     """`policy` minus the companion preferences it added for `ops` (the user's own names stay)."""
-    if not any(op in policy.preferences and op not in user.preferences for op in ops):
+    added = [op for op in ops if op in policy.preferences and op not in user.preferences]
+    if not added:
         return policy
-    prefs = {op: k for op, k in policy.preferences.items() if op not in ops or op in user.preferences}
+    prefs = {**dict.fromkeys(policy.autotune_ops, AUTOTUNE), **policy.preferences}
+    return _rebuilt(policy, {op: k for op, k in prefs.items() if op not in added})
+
+
+def _rebuilt(policy: KernelPolicy, prefs: dict[str, str]) -> KernelPolicy:
+    """A policy with `prefs` and every option of `policy`."""
     options: dict[str, Any] = {"strict": policy.strict, "math_mode": policy.math_mode, "sync": policy.sync}
-    return KernelPolicy(prefs, deterministic=policy.deterministic, validate=False, **options)
+    return KernelPolicy(prefs, deterministic=policy.deterministic, autotune=policy.autotune, validate=False, **options)

@@ -20,6 +20,7 @@ import torch
 from ..errors import XpuRuntimeError
 from ..policy import process_policy
 from . import aten_attention, aten_matmul, aten_norm
+from .routing import ALL_OPS, routed_ops
 
 ROUTES: dict[str, tuple[tuple[str, str, Callable], ...]] = {}
 for _module in (aten_matmul, aten_attention, aten_norm):
@@ -66,7 +67,9 @@ def _functions(op: str) -> dict[tuple[str, str], Callable]:
 
 
 def _wanted_ops() -> frozenset[str]:
-    named = set(process_policy().preferences) | {op for op, count in _scoped.items() if count > 0}
+    named = set(routed_ops(process_policy())) | {op for op, count in _scoped.items() if count > 0}
+    if ALL_OPS in named:
+        return frozenset(ROUTES)
     return frozenset(op for op in named if op in ROUTES)
 
 

@@ -13,6 +13,7 @@ from typing import Any
 from .. import policy as _core
 from ..policy import KernelPolicy, get_kernel_policy
 from .overrides import refresh_overrides, scope_entered, scope_exited
+from .routing import routed_ops
 
 __all__ = ["KernelPolicy", "clear_kernel_policy", "get_kernel_policy", "kernel_policy", "set_kernel_policy"]
 
@@ -33,8 +34,9 @@ def clear_kernel_policy() -> None:
 def kernel_policy(policy: KernelPolicy | str | Mapping | None = None, **prefs: Any) -> Iterator[KernelPolicy]:
     """The core's scoped policy (this thread / task), with the overrides it needs while it is active."""
     with _core.kernel_policy(policy, **prefs) as scoped:
-        scope_entered(scoped.preferences)
+        ops = routed_ops(scoped)
+        scope_entered(ops)
         try:
             yield scoped
         finally:
-            scope_exited(scoped.preferences)
+            scope_exited(ops)

@@ -57,13 +57,32 @@ def get_dispatcher() -> Any:
     return router.dispatcher
 
 
+ALL_OPS = "*"
+_routed: dict[int, frozenset[str]] = {}
+
+
+def routed_ops(policy: Any) -> frozenset[str]:
+    """The ops a policy asks to steer: those it names a kernel for or autotunes ('*': every op)."""
+    ops = _routed.get(policy.fingerprint)
+    if ops is None:
+        names = set(policy.preferences) | set(getattr(policy, "autotune_ops", ()))
+        if getattr(policy, "autotune", False):
+            names.add(ALL_OPS)
+        ops = _routed[policy.fingerprint] = frozenset(names)
+    return ops
+
+
 def wants(op: str) -> bool:
-    """True when this thread's policy names a kernel for `op` and no routed kernel is running here."""
-    return not tls.busy and op in current_policy().preferences
+    """True when this thread's policy steers `op` and no routed kernel is running on this thread."""
+    if tls.busy:
+        return False
+    ops = routed_ops(current_policy())
+    return op in ops or ALL_OPS in ops
 
 
-def dispatch(op: str, inputs: tuple, attrs: tuple = ()) -> Any:
-    """Run `op` through the dispatcher; None means 'let PyTorch run it' (see the module docstring)."""
+def dispatch(op: str, inputs: tuple, attrs: tuple = (), warn: bool = True) -> Any:
+    """Run `op` through the dispatcher; None means 'let PyTorch run it' (see the module docstring).
+    warn=False: the caller has another route to try, whose own fallback warns."""
     run = router.run or get_dispatcher().run
     tls.busy = True
     try:
@@ -73,7 +92,8 @@ def dispatch(op: str, inputs: tuple, attrs: tuple = ()) -> Any:
     except UnsupportedByPolicyError:
         raise
     except NoKernelError as exc:
-        _warn_no_kernel(op, exc)
+        if warn:
+            _warn_no_kernel(op, exc)
         return None
     finally:
         tls.busy = False
