@@ -22,7 +22,7 @@ from ..dispatch import Dispatcher
 from ..errors import XpuRuntimeError
 from ..graph.ir import Graph, Node
 from .errors import NodeExecutionError
-from .lowering import XRT_DOMAIN, lower
+from .lowering import XRT_DOMAIN, flattens, lower
 from .opmap import OPS
 
 ALWAYS_STATIC = frozenset({"Shape", "Size"})
@@ -43,6 +43,7 @@ class Step:
     fn: Callable | None = None  # the op-map function for numpy steps
     note: str = ""  # why a node with an xrt lowering runs as NumPy
     buffer: Any = None  # the reused output buffer of a kernel step (None: allocate per run)
+    last_out: Any = None  # the array the kernel wrote on the planning run (the buffer's shape and dtype)
     run: Callable[[list], None] = field(default=lambda env: None, repr=False)
 
     def describe(self) -> str:
@@ -198,12 +199,15 @@ class Planner:
             note = f"no xrt lowering: {type(exc).__name__}: {exc}"
         if lowered is not None:
             op, positions, attrs = lowered
+            op_args = [None if p is None else args[p] for p in positions]
+            flat = flattens(node, op_args)
+            if flat:
+                op_args[0] = op_args[0].reshape(-1, op_args[0].shape[-1])
             try:
-                plan = self.dispatcher.plan(op, *[None if p is None else args[p] for p in positions], **attrs)
+                plan = self.dispatcher.plan(op, *op_args, **attrs)
                 arity = len(self.dispatcher.registry.op(op).inputs)
-                return _kernel_step(
-                    node, [0 if p is None else ins[p] for p in positions], outs, plan, arity, self.dispatcher
-                )
+                kernel_ins = [0 if p is None else ins[p] for p in positions]
+                return _kernel_step(node, kernel_ins, outs, plan, arity, self.dispatcher, flat)
             except XpuRuntimeError as exc:
                 if node.domain == XRT_DOMAIN:
                     return self._fallback_step(node, ins, outs, f"no kernel: {exc}")
@@ -256,7 +260,11 @@ def _numpy_step(node: Node, ins: tuple, outs: tuple, fn: Callable, note: str, wr
     return step
 
 
-def _kernel_step(node: Node, ins: list[int], outs: tuple, plan: Any, arity: int, dispatcher: Dispatcher) -> Step:
+def _kernel_step(
+    node: Node, ins: list[int], outs: tuple, plan: Any, arity: int, dispatcher: Dispatcher, flat: bool = False
+) -> Step:
+    """A launch of the planned kernel; with `flat`, a MatMul's (..., K) input is viewed as (M, K) and the
+    (M, N) result as (..., N)."""
     step = Step(node, "kernel", tuple(ins), outs, plan=plan)
     padded = (*ins, *(0,) * (arity - len(ins)))  # slot 0 always holds None: optional inputs left out
     (o,) = outs[:1]
@@ -270,10 +278,18 @@ def _kernel_step(node: Node, ins: list[int], outs: tuple, plan: Any, arity: int,
         workspace = None
         if workspace_bytes:
             workspace = lend(workspace_bytes, plan.device, plan.empty, stream)
-        launch(ArgPack(tuple([env[i] for i in padded]), out, attrs, config, workspace, stream))
+        inputs = [env[i] for i in padded]
+        if flat:
+            a = inputs[0]
+            inputs[0] = a.reshape(-1, a.shape[-1])
+            launch(ArgPack(tuple(inputs), out, attrs, config, workspace, stream))
+            env[o] = out.reshape(*a.shape[:-1], out.shape[-1])
+        else:
+            launch(ArgPack(tuple(inputs), out, attrs, config, workspace, stream))
+            env[o] = out
         if finish is not None:
             finish(stream)
-        env[o] = out
+        step.last_out = out
 
     step.run = run
     return step
@@ -306,11 +322,11 @@ def _assign_buffers(plan: ExecutionPlan, values: list, pinned: set[int]) -> int:
     for index, step in enumerate(steps):
         for i in step.inputs:
             last_use[i] = index
-    kernel_outs = {step.outputs[0]: index for index, step in enumerate(steps) if step.kind == "kernel"}
-    produced_by_numpy = [s for step in steps if step.kind == "numpy" for s in step.outputs]
+    kernel_outs = {step.outputs[0]: (index, step) for index, step in enumerate(steps) if step.kind == "kernel"}
+    produced_by_numpy = [s for step in steps if step.kind != "kernel" for s in step.outputs]
     end: dict[int, float] = {}
-    for slot, index in kernel_outs.items():
-        array = values[slot]
+    for slot, (index, step) in kernel_outs.items():
+        array = step.last_out  # what the kernel wrote (a MatMul's flattened result, say)
         if not isinstance(array, np.ndarray) or slot in pinned:
             continue
         aliases = [
@@ -333,13 +349,13 @@ def _assign_buffers(plan: ExecutionPlan, values: list, pinned: set[int]) -> int:
         slot = step.outputs[0] if step.kind == "kernel" else None
         if slot not in end:
             continue
-        key = (values[slot].shape, values[slot].dtype)
+        key = (step.last_out.shape, step.last_out.dtype)
         pool = free.get(key)
         if pool:
             buffer = pool.pop()
             reused += 1
         else:
-            buffer = values[slot]  # the planning run's array becomes this step's buffer
+            buffer = step.last_out  # the planning run's array becomes this step's buffer
         step.buffer = buffer
         releasing.append((end[slot], slot, key, buffer))
     return reused

@@ -39,6 +39,16 @@ def _matmul(node: Node, args: list, opset: int) -> Lowered | None:
     return None
 
 
+def flattens(node: Node, args: list) -> bool:
+    """MatMul of a contiguous (..., K) activation by a 2-D weight runs as ONE (M, K) x (K, N) GEMM on
+    flattened views (numpy would otherwise loop over the leading dims)."""
+    if node.op != "MatMul" or node.domain or len(args) != 2:
+        return False
+    a, b = args
+    contiguous = a.flags.c_contiguous if isinstance(a, np.ndarray) else bool(getattr(a, "is_contiguous", bool)())
+    return getattr(a, "ndim", 0) >= 3 and getattr(b, "ndim", 0) == 2 and contiguous
+
+
 def _softmax(node: Node, args: list, opset: int) -> Lowered | None:
     (x,) = args
     if opset >= 13 and _is_float(x) and x.ndim >= 1:

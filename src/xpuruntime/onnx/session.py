@@ -69,7 +69,8 @@ class InferenceSession:
         model = load_model(path_or_bytes)
         base_dir = os.path.dirname(os.fspath(path_or_bytes)) if isinstance(path_or_bytes, str | os.PathLike) else None
         self.original = import_model(model, base_dir)
-        self.graph, self.pass_summary = optimize(self.original, self.options.graph_optimization_level, self.dispatcher)
+        level = self.options.graph_optimization_level
+        self.graph, self.pass_summary = optimize(self.original, level, self.dispatcher, self.device)
         self._inputs = list(self.original.inputs)
         self._outputs = list(self.original.outputs)
         self._fns: dict[int, Any] = {}

@@ -30,9 +30,11 @@ from . import (
 
 @dataclass
 class PassContext:
-    """What passes may consult: which xrt ops exist (a fusion into a missing op is skipped)."""
+    """What passes may consult: which xrt ops exist (a fusion into a missing op is skipped) and the
+    device the graph will run on (some fusions pay off only where a fused kernel exists)."""
 
     available_ops: frozenset[str]
+    device: str = "cpu"
 
     def has_op(self, name: str) -> bool:
         return name in self.available_ops
@@ -63,13 +65,13 @@ PIPELINE: tuple[tuple[int, str, Pass], ...] = (
 )
 
 
-def optimize(graph: Graph, level: int, dispatcher: Any = None) -> tuple[Graph, list[PassRecord]]:
+def optimize(graph: Graph, level: int, dispatcher: Any = None, device: str = "cpu") -> tuple[Graph, list[PassRecord]]:
     """A copy of `graph` with every pass up to `level` applied, and what each pass did."""
     if dispatcher is None:
         from ...dispatch import default_dispatcher
 
         dispatcher = default_dispatcher()
-    ctx = PassContext(frozenset(dispatcher.registry.ops))
+    ctx = PassContext(frozenset(dispatcher.registry.ops), device.split(":")[0])
     work = graph.copy()
     records = []
     for pass_level, name, fn in PIPELINE:

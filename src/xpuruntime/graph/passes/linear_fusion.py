@@ -1,5 +1,10 @@
 """Linear fusion: MatMul(x, W) + b [-> Relu] and Gemm(x, W, b) with a constant weight become one call
-of the `linear` op (y = act(x W^T + b)); W^T is stored once as a new constant."""
+of the `linear` op (y = act(x W^T + b)); W^T is stored once as a new constant.
+
+Only for GPU graphs: there the cuBLASLt epilogue does the bias (and activation) in the GEMM. On the CPU,
+MatMul writing straight into its buffer plus the bias folded into the next elementwise kernel measured
+faster than the NumPy linear kernel (which allocates, adds and copies), so CPU graphs keep MatMul + Add.
+"""
 
 from __future__ import annotations
 
@@ -56,7 +61,7 @@ def _from_gemm(graph: Graph, gemm: Node) -> tuple | None:
 
 
 def run(graph: Graph, ctx: PassContext) -> int:
-    if not ctx.has_op("linear"):
+    if not ctx.has_op("linear") or ctx.device == "cpu":
         return 0
     changes = 0
     for node in [n for n in graph.nodes if n.op in ("MatMul", "Gemm") and not n.domain]:
