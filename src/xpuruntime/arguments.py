@@ -11,7 +11,7 @@ from numpy import ndarray
 
 from . import arrays
 from .abi import TensorSpec
-from .arrays import as_array, is_cpu_tensor, is_torch_tensor, numpy_view, signature
+from .arrays import SCALAR_TYPES, as_array, is_cpu_tensor, is_torch_tensor, numpy_view, signature
 from .context import check_arity
 from .errors import ArgumentError, DTypeError
 from .schema import OpSchema
@@ -23,10 +23,11 @@ def plan_key(op: str, fingerprint: int, attrs: tuple, inputs: tuple, out: Any) -
     Raises NotAnArray for an argument that `normalize_call` must convert first; hashing the key raises
     TypeError for an unhashable attribute (the caller then normalizes too).
     """
-    tensor = arrays.loaded_tensor_type  # NumPy arrays and CUDA tensors inline (the hot cases), the rest via signature
+    tensor = arrays.loaded_tensor_type  # arrays, CUDA tensors and Python scalars inline (hot cases); the rest below
     sigs = [
         (x.dtype, x.shape, x.strides) if type(x) is ndarray
         else (x.dtype, x.shape, x.stride(), x.get_device(), not x.data_ptr() & 15) if type(x) is tensor and x.is_cuda
+        else type(x) if type(x) in SCALAR_TYPES
         else signature(x)
         for x in inputs
     ]  # fmt: skip

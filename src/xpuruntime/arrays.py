@@ -52,16 +52,15 @@ def signature(x: Any) -> Any:
     kind = type(x)
     if kind is np.ndarray:
         return (x.dtype, x.shape, x.strides)
+    if kind in SCALAR_TYPES:
+        return kind
+    if x is None:
+        return None
     if kind is loaded_tensor_type or is_torch_tensor(x):  # the first test is the fast one for plain tensors
         if x.is_cuda:
             return (x.dtype, x.shape, x.stride(), x.get_device(), not x.data_ptr() & 15)
         if x.device.type != "cpu":
             return (x.dtype, x.shape, x.stride(), str(x.device))
-        raise NotAnArray
-    if x is None:
-        return None
-    if kind in SCALAR_TYPES:
-        return kind
     raise NotAnArray
 
 
