@@ -18,7 +18,7 @@ def main() -> None:
     long_x, long_w = r(3, 20001), r(20001)
     with xrt.kernel_policy(strict=True, sin_affine="triton", sum="triton", softmax="triton", layer_norm="triton",
                            rms_norm="triton", layer_norm_backward="triton", rms_norm_backward="triton"):  # fmt: skip
-        xrt.ops.sin_affine(r(33, 65)[:, ::2], r(17, 1), 0.5)
+        xrt.ops.sin_affine(r(33, 65)[:, ::2], r(33, 1), 0.5)
         for axis in (-1, 0, (0, 1)):
             xrt.ops.sum(r(45, 77), axis)
         xrt.ops.sum(r(2, 300001), -1)  # split into partials

@@ -102,7 +102,7 @@ def softmax_launch_config(ctx: DispatchContext) -> LaunchConfig:
 
 
 @kernel(
-    "softmax", "triton", backend="triton", dtypes=FLOAT_DTYPES, priority=20,
+    "softmax", "triton", backend="triton", dtypes=FLOAT_DTYPES, priority=15,
     conditions=(no_negative_strides,), launch_config=softmax_launch_config,
 )  # fmt: skip
 def softmax_triton(args: ArgPack) -> None:
