@@ -47,3 +47,50 @@ def test_events_follow_work_on_a_side_stream():
     assert start.elapsed_ms(end) > 0
     streams.synchronize("cuda:0", side)
     streams.synchronize("cuda:0")
+
+
+class FakeStream:
+    def __init__(self, handle: int) -> None:
+        self.cuda_stream = handle
+
+
+class FakeTorch:
+    """Just enough of torch.cuda for current_stream: a per-device current stream the test switches."""
+
+    def __init__(self) -> None:
+        self.current = {0: FakeStream(0), 1: FakeStream(0x100)}
+        self.built = 0
+        fake = self
+
+        class cuda:
+            @staticmethod
+            def current_stream(index):
+                fake.built += 1
+                return fake.current[index]
+
+        class _C:
+            @staticmethod
+            def _cuda_getCurrentRawStream(index):
+                return fake.current[index].cuda_stream
+
+        self.cuda, self._C = cuda, _C
+
+
+def test_current_stream_follows_switches_and_builds_each_stream_object_once(monkeypatch):
+    fake = FakeTorch()
+    monkeypatch.setattr(streams, "_torch", lambda: fake)
+    monkeypatch.setattr(streams, "_cuda_devices", {})
+    monkeypatch.setattr(streams, "_stream_objects", {})
+    default0, default1 = fake.current[0], fake.current[1]
+    assert streams.current_stream("cuda:0") is default0 and streams.current_stream("cuda") is default0
+    assert streams.current_stream("cuda:1") is default1
+    side = FakeStream(0xABC)
+    fake.current[0] = side  # like entering `with torch.cuda.stream(side)`
+    assert streams.current_stream("cuda:0") is side and streams.current_stream("cuda:1") is default1
+    fake.current[0] = default0
+    built = fake.built
+    for _ in range(5):
+        assert streams.current_stream("cuda:0") is default0
+        assert streams.current_stream("cuda:1") is default1
+    assert fake.built == built, "cached stream objects were rebuilt"
+    assert streams.current_stream("cpu") is None

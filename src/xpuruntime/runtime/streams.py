@@ -141,30 +141,33 @@ def current_stream(device: str) -> Any:
     Hot path (once per dispatch): the raw cudaStream_t is read from PyTorch and mapped to a cached
     torch.cuda.Stream object, instead of building a new one each call.
     """
+    entry = _cuda_devices.get(device)
+    if entry is not None:
+        index, raw_current = entry
+        stream = _stream_objects.get((index, raw_current(index)))
+        if stream is not None:
+            return stream
+    return _current_stream_slow(device)
+
+
+_cuda_devices: dict[str, tuple[int, Any]] = {}  # device string -> (index, PyTorch's raw current-stream getter)
+_stream_objects: dict[tuple[int, int], Any] = {}  # (device index, cudaStream_t) -> torch.cuda.Stream
+
+
+def _current_stream_slow(device: str) -> Any:
+    """First call for a device or stream: fill the caches (PyTorch), or ask cuda.core without PyTorch."""
     if not device.startswith("cuda"):
         return None
     index = device_index(device)
-    raw_current = _raw_current_stream()
-    if raw_current is not None:
-        key = (index, raw_current(index))
-        stream = _stream_objects.get(key)
-        if stream is None:
-            stream = _stream_objects[key] = _torch().cuda.current_stream(index)
-        return stream
     torch = _torch()
-    if torch is not None:
-        return torch.cuda.current_stream(index)
-    return _cuda_core_device(index).default_stream
-
-
-_stream_objects: dict[tuple[int, int], Any] = {}
-
-
-@functools.cache
-def _raw_current_stream() -> Any:
-    """PyTorch's (device index) -> cudaStream_t function when torch has CUDA (the one Triton uses too)."""
-    torch = _torch()
-    return getattr(torch._C, "_cuda_getCurrentRawStream", None) if torch is not None else None
+    if torch is None:
+        return _cuda_core_device(index).default_stream
+    stream = torch.cuda.current_stream(index)
+    raw_current = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw_current is not None:  # the function Triton uses too; absent only in unusual builds
+        _cuda_devices[device] = (index, raw_current)
+        _stream_objects[(index, stream.cuda_stream)] = stream
+    return stream
 
 
 def new_stream(device: str = "cuda:0", priority: int = 0) -> Stream:
