@@ -119,3 +119,17 @@ def test_cli_run_builtin_and_file(tmp_path, capsys: pytest.CaptureFixture) -> No
     assert "(3, 4)" in capsys.readouterr().out
     assert main(["run", str(tmp_path / "missing.onnx")]) == 2
     assert "cannot read" in capsys.readouterr().err
+
+
+def test_concurrent_runs_give_correct_results(encoder: bytes) -> None:
+    """Threads sharing one session: a run that finds the reused buffers busy allocates its own."""
+    import concurrent.futures
+
+    session = InferenceSession(encoder)
+    feeds = [encoder_inputs(2, 6, vocab=50, seed=s) for s in range(6)]
+    expected = [session.run(None, f)[0] for f in feeds]
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        for _ in range(3):
+            results = list(pool.map(lambda f: session.run(None, f)[0], feeds))
+            for got, want in zip(results, expected):
+                np.testing.assert_array_equal(got, want)

@@ -10,6 +10,7 @@ are kept from run to run. Graph outputs always get fresh memory.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -42,7 +43,7 @@ class Step:
     plan: Any = None  # the dispatcher's Plan for kernel steps
     fn: Callable | None = None  # the op-map function for numpy steps
     note: str = ""  # why a node with an xrt lowering runs as NumPy
-    buffer: Any = None  # the reused output buffer of a kernel step (None: allocate per run)
+    buffer_slot: int = 0  # where a kernel step finds its reused output buffer (slot 0: None, allocate)
     last_out: Any = None  # the array the kernel wrote on the planning run (the buffer's shape and dtype)
     run: Callable[[list], None] = field(default=lambda env: None, repr=False)
 
@@ -66,9 +67,22 @@ class ExecutionPlan:
     static_outputs: set[int] = field(default_factory=set)  # outputs that are plan constants: copied out
     reused_buffers: int = 0
     profile: list[tuple[str, float]] = field(default_factory=list)
+    plain_template: list | None = None  # the template without the reused buffers (for concurrent runs)
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
     def run(self, feeds: list[np.ndarray], profiling: bool = False) -> list[Any]:
-        env = self.template.copy()
+        """Run the steps; a run that finds another one using the shared buffers allocates its own."""
+        if self.plain_template is None:
+            return self._run(self.template, feeds, profiling)
+        if not self.lock.acquire(blocking=False):
+            return self._run(self.plain_template, feeds, profiling)
+        try:
+            return self._run(self.template, feeds, profiling)
+        finally:
+            self.lock.release()
+
+    def _run(self, template: list, feeds: list[np.ndarray], profiling: bool) -> list[Any]:
+        env = template.copy()
         for slot, array in zip(self.input_slots, feeds):
             env[slot] = array
         steps = self.steps
@@ -170,7 +184,9 @@ class Planner:
         plan = ExecutionPlan(slots, template, steps, input_slots, output_slots, folded)
         plan.static_outputs = {s for s in output_slots if s in static}
         if self.reuse_memory:
+            plan.plain_template = list(template)
             plan.reused_buffers = _assign_buffers(plan, values, set(output_slots) | set(input_slots))
+            plan.plain_template += [None] * (len(plan.template) - len(plan.plain_template))
         outputs = [_output(values[s]) for s in output_slots]
         return plan, outputs
 
@@ -274,7 +290,9 @@ def _kernel_step(
 
     def run(env: list) -> None:
         stream = None if current_stream is None else current_stream(plan.device)
-        out = step.buffer if step.buffer is not None else allocate(stream)
+        out = env[step.buffer_slot]
+        if out is None:
+            out = allocate(stream)
         workspace = None
         if workspace_bytes:
             workspace = lend(workspace_bytes, plan.device, plan.empty, stream)
@@ -356,7 +374,8 @@ def _assign_buffers(plan: ExecutionPlan, values: list, pinned: set[int]) -> int:
             reused += 1
         else:
             buffer = step.last_out  # the planning run's array becomes this step's buffer
-        step.buffer = buffer
+        step.buffer_slot = len(plan.template)
+        plan.template.append(buffer)
         releasing.append((end[slot], slot, key, buffer))
     return reused
 

@@ -9,6 +9,7 @@ the plan is made; shape parameters (Reshape targets, axes, Slice bounds) stay on
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -491,6 +492,7 @@ class _Entry:
         self.note = "CUDA graph off"
         self.static_inputs: list[Any] = []
         self.static_outputs: list[Any] = []
+        self.lock = threading.Lock()  # one replay at a time: the graph's inputs and outputs are shared
 
     def capture(self, feeds: list[Any]) -> None:
         try:
@@ -512,10 +514,11 @@ class _Entry:
     def run(self, feeds: list[Any]) -> list:
         if self.graph is None:
             return self.plan.run(feeds)
-        for static, new in zip(self.static_inputs, feeds):
-            static.copy_(new, non_blocking=True)
-        self.graph.replay()
-        return [o.clone() if hasattr(o, "clone") else o for o in self.static_outputs]
+        with self.lock:
+            for static, new in zip(self.static_inputs, feeds):
+                static.copy_(new, non_blocking=True)
+            self.graph.replay()
+            return [o.clone() if hasattr(o, "clone") else o for o in self.static_outputs]
 
 
 __all__ = ["GpuRunner", "XpuRuntimeError"]
