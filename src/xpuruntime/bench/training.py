@@ -175,6 +175,21 @@ def ddp_compare(single: str, *ranks: str) -> dict[str, Any]:
     }
 
 
+def profile_host(root: Path, policy: str, steps: int = 12, top: int = 30) -> None:
+    """Where the host time of eager steps under `policy` goes (cProfile over the last steps)."""
+    import cProfile
+    import pstats
+
+    example = _example(root)
+    argv = ["--steps", str(steps), *(["--policy", policy] if policy else [])]
+    example.main(["--steps", "3", *argv[2:]])  # compile and plan first
+    profiler = cProfile.Profile()
+    profiler.enable()
+    example.main(argv)
+    profiler.disable()
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(top)
+
+
 def _markdown(report: dict[str, Any]) -> str:
     oc, checks, timing = report["override_cost"], report["training"]["checks"], report["training"]["timing"]
     lines = [
@@ -205,8 +220,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--name", default="training_h100")
     p.add_argument("--example-args", default="", help="extra arguments for every example run (e.g. '--tiny')")
     p.add_argument("--skip-override-cost", action="store_true")
+    p.add_argument("--profile-host", default=None, metavar="POLICY", help="cProfile eager steps under POLICY")
     p.add_argument("--ddp-compare", nargs="+", metavar="JSON", help="one-GPU json, then each rank's json")
     args = p.parse_args(argv)
+    if args.profile_host is not None:
+        profile_host(Path(__file__).resolve().parents[3], args.profile_host)
+        return
     if args.ddp_compare:
         result = ddp_compare(*args.ddp_compare)
         Path(args.out).mkdir(parents=True, exist_ok=True)
