@@ -133,3 +133,11 @@ def test_concurrent_runs_give_correct_results(encoder: bytes) -> None:
             results = list(pool.map(lambda f: session.run(None, f)[0], feeds))
             for got, want in zip(results, expected):
                 np.testing.assert_array_equal(got, want)
+
+
+def test_verbose_explain_lists_every_candidate(encoder: bytes) -> None:
+    session = InferenceSession(encoder)
+    text = session.explain(encoder_inputs(2, 5, vocab=50), verbose=True)
+    assert "matmul/numpy_blas [cpu] (auto)" in text
+    assert "blocked [cpu]: supported, score" in text  # the runner-up, with its score
+    assert "rejected:" in text

@@ -96,7 +96,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
         plans.add_row(kernel_name, str(count))
     console.print(plans)
     if args.explain:
-        console.print(session.explain(), markup=False, highlight=False)
+        console.print(session.explain(verbose=True), markup=False, highlight=False)
     return 0
 
 

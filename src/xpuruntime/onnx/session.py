@@ -164,8 +164,9 @@ class InferenceSession:
         return index
 
     # -- introspection -----------------------------------------------------------------------
-    def explain(self, input_feed: Mapping[str, Any] | None = None) -> str:
-        """Pass summary and, per step of the plan for `input_feed` (or the last plan), the kernel and why."""
+    def explain(self, input_feed: Mapping[str, Any] | None = None, verbose: bool = False) -> str:
+        """Pass summary and, per step of the plan for `input_feed` (or the last plan), the kernel and why;
+        `verbose` adds every other candidate kernel with its score or the reasons it was rejected."""
         lines = [f"InferenceSession on {self.device}, level {self.options.graph_optimization_level.name}"]
         lines += [
             f"  pass {r.name:<22} nodes {r.before:>4} -> {r.after:<4} ({r.changes} changes)" for r in self.pass_summary
@@ -186,6 +187,8 @@ class InferenceSession:
                      f"{plan.reused_buffers} buffers reused")  # fmt: skip
         for step in plan.steps:
             lines.append(f"  {step.node.name:<32} {step.node.op:<20} -> {step.describe()}")
+            if verbose and step.plan is not None:
+                lines += [f"      {line}" for line in _candidates(step.plan)]
         return "\n".join(lines)
 
     def plan_summary(self) -> dict[str, int]:
@@ -219,6 +222,20 @@ class InferenceSession:
     @property
     def pass_records(self) -> list[PassRecord]:
         return list(self.pass_summary)
+
+
+def _candidates(plan: Any) -> list[str]:
+    """The selector's verdict on every kernel it considered for a step (from the plan's decision)."""
+    lines = []
+    for candidate in plan.decision.candidates:
+        name = f"{candidate.kernel.name} [{candidate.kernel.backend}]"
+        if candidate.kernel is plan.kernel:
+            continue
+        if candidate.supported:
+            lines.append(f"{name}: supported, score {candidate.score:g} (lower than the chosen kernel's)")
+        else:
+            lines.append(f"{name}: rejected: {'; '.join(candidate.reasons)}")
+    return lines
 
 
 def _check_device(device: str, providers: Sequence[str] | None) -> str:
