@@ -118,15 +118,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     device = args.device
     if world > 1:
-        torch.distributed.init_process_group("nccl")
         local = int(os.environ.get("LOCAL_RANK", 0))
-        torch.cuda.set_device(local)
-        device = f"cuda:{local}"
+        if torch.device(device).type == "cuda":
+            torch.distributed.init_process_group("nccl")
+            torch.cuda.set_device(local)
+            device = f"cuda:{local}"
+        else:
+            torch.distributed.init_process_group("gloo")
     torch.manual_seed(args.seed)
     model = GPT(args.vocab, args.context, args.d_model, args.heads, args.layers).to(device)
     trained = model
     if world > 1:
-        trained = nn.parallel.DistributedDataParallel(model, device_ids=[torch.device(device).index])
+        ids = [torch.device(device).index] if torch.device(device).type == "cuda" else None
+        trained = nn.parallel.DistributedDataParallel(model, device_ids=ids)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, capturable=args.capture_graph)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}[args.dtype]
     device_type = torch.device(device).type
