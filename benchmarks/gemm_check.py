@@ -1,7 +1,7 @@
 """GPU check of the cublaslt and torch GEMM kernels: correctness against float64, timings, host cost.
 
 Calls each kernel's launch function directly (ArgPack built from the op's own context), so it runs
-before the dispatcher takes CUDA tensors. Usage: python benchmarks/gemm_check.py [OUT_DIR]
+before the dispatcher takes CUDA tensors. Usage: python benchmarks/gemm_check.py [OUT_DIR [STEP,STEP...]]
 """
 
 from __future__ import annotations
@@ -267,11 +267,11 @@ def host_cost():
 
     RESULTS["host_us"]["matmul kernel launch (raw cuBLASLt path)"] = per_call(fn)
     RESULTS["host_us"]["linear gelu kernel launch (raw path)"] = per_call(fn_lin)
-    raw = plan.raw
-    RESULTS["host_us"]["plan.run raw"] = per_call(lambda: plan.run(a, b, out))
-    plan.raw = False
-    RESULTS["host_us"]["plan.run nvmath reset_operands_unchecked+execute"] = per_call(lambda: plan.run(a, b, out))
-    plan.raw = raw
+    RESULTS["host_us"]["plan.run raw (views -> pointers)"] = per_call(lambda: plan.run(a, b, out))
+    pa, pb, po = a.data_ptr(), b.data_ptr(), out.data_ptr()
+    RESULTS["host_us"]["plan.launch raw pointers"] = per_call(lambda: plan.launch(pa, pb, po))
+    slow = common.GemmPlan(a, b, out, None, None, None, None, raw=False, ab_only=False)
+    RESULTS["host_us"]["nvmath reset_operands_unchecked+execute"] = per_call(lambda: slow.run(a, b, out))
     RESULTS["host_us"]["torch.matmul"] = per_call(lambda: torch.matmul(a, b))
     RESULTS["host_us"]["torch.matmul out="] = per_call(lambda: torch.matmul(a, b, out=out))
     for k, v in RESULTS["host_us"].items():
@@ -372,7 +372,10 @@ def main():
     import nvmath
 
     print("nvmath", nvmath.__version__, "backend unavailable?", REG.backends["cublaslt"].unavailable_reason)
-    for step in (dispatch_profile, variants, correctness, timings, host_cost):
+    steps = (dispatch_profile, variants, correctness, timings, host_cost)
+    if len(sys.argv) > 2:  # a comma-separated subset of the steps, by name
+        steps = [f for f in steps if f.__name__ in sys.argv[2].split(",")]
+    for step in steps:
         try:
             step()
         except Exception:

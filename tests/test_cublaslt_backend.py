@@ -173,27 +173,18 @@ class FakePlan:
         FakePlan.freed += 1
 
 
-class FakeTensor:
-    """What operand_key reads from a torch tensor."""
+def test_plan_keys_separate_alignment_classes_and_signatures_not_pointers():
+    from xpuruntime.abi import ArgPack
 
-    def __init__(self, shape, strides, ptr, dtype="bf16"):
-        self.shape, self._strides, self._ptr, self.dtype = shape, strides, ptr, dtype
-
-    def stride(self):
-        return self._strides
-
-    def data_ptr(self):
-        return self._ptr
-
-
-def test_plan_keys_separate_alignment_classes_not_pointers():
-    a = FakeTensor((64, 64), (64, 1), 1 << 20)
-    moved = FakeTensor((64, 64), (64, 1), 3 << 20)  # another tensor, same alignment class
-    offset = FakeTensor((64, 64), (64, 1), (1 << 20) + 16)  # an offset view: 16-byte class
-    assert lt.operand_key(a) == lt.operand_key(moved)
-    assert lt.operand_key(a) != lt.operand_key(offset)
-    assert lt.operand_key(a) != lt.operand_key(FakeTensor((64, 64), (1, 64), 1 << 20))
-    assert lt.operand_key(a) != lt.operand_key(FakeTensor((64, 64), (64, 1), 1 << 20, "fp16"))
+    ctx = context("matmul", spec((4096, 4096)), spec((4096, 4096)))
+    config = REGISTRY.kernel("matmul", "cublasLt").launch_config(ctx)
+    other = REGISTRY.kernel("matmul", "cublasLt").launch_config(ctx)  # another call signature's plan
+    args, args2 = (ArgPack((), None, {}, c, None, None) for c in (config, other))
+    base = 1 << 20
+    assert lt.fast_key(args, base, base) == lt.fast_key(args, 3 << 20, 5 << 21)  # moved, same classes
+    assert lt.fast_key(args, base, base) != lt.fast_key(args, base + 16, base)  # an offset view
+    assert lt.fast_key(args, base, base) != lt.fast_key(args, base + 64, base)
+    assert lt.fast_key(args, base, base) != lt.fast_key(args2, base, base)
 
 
 def test_plan_cache_builds_once_per_key_and_frees_evicted_plans():

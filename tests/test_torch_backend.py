@@ -64,6 +64,8 @@ def test_explain_lists_torch_kernels_beside_ours():
 CASES = [
     ("matmul", (rand(5, 7), rand(7, 3)), ()),
     ("matmul", (rand(2, 5, 7), rand(7)), ()),
+    ("matmul", (rand(7), rand(2, 7, 3)), ()),
+    ("matmul", (rand(7), rand(7)), ()),
     ("matmul", (rand(2, 1, 5, 7), rand(3, 7, 4)), ()),
     ("linear", (rand(2, 5, 7), rand(3, 7), rand(3)), ("gelu",)),
     ("linear", (rand(5, 7), rand(3, 7), rand(3)), ("relu",)),

@@ -6,9 +6,10 @@ fast path calls cuBLASLt's matmul with the plan's descriptors, the runtime's wor
 caller's stream directly (a few µs of host time); where that is not possible it falls back to
 nvmath's `reset_operands_unchecked` + `execute` (~44 µs).
 
-Plans are keyed by everything cuBLASLt's heuristic saw: epilogue, compute type, device, and per
-operand shape, strides, dtype and pointer-alignment class (nvmath tells the heuristic how aligned
-the planning call's pointers were, so a later, less aligned pointer needs its own plan).
+Plans are keyed by everything cuBLASLt's heuristic saw: the call signature (shapes, strides, dtypes,
+device, epilogue, compute type: one token per dispatcher plan, made by the launch-config function)
+and each pointer's alignment class (nvmath tells the heuristic how aligned the planning call's
+pointers were, so a later, less aligned pointer needs its own plan).
 """
 
 from __future__ import annotations
@@ -139,14 +140,16 @@ def compute_type_name(dtype: str, math_mode: MathMode) -> str | None:
 
 
 def gemm_launch_config(ctx: DispatchContext) -> LaunchConfig:
-    """cuBLASLt picks grid and tiles itself; the config carries the compute type for the plan key."""
-    return LaunchConfig(params={"compute_type": compute_type_name(ctx.dtype, ctx.math_mode)})
+    """cuBLASLt picks grid and tiles itself. The config carries the compute type and a token naming this
+    call signature (shapes, strides, dtypes, device, attributes), so that a launch finds its cuBLASLt
+    plan from the token and the pointers' alignment classes alone, without building views or keys."""
+    return LaunchConfig(params={"compute_type": compute_type_name(ctx.dtype, ctx.math_mode), "token": object()})
 
 
 # -- plans --------------------------------------------------------------------------------------------
-def operand_key(t: Any) -> tuple:
-    """What a plan depends on for one torch operand: shape, strides, dtype, alignment class."""
-    return (tuple(t.shape), t.stride(), t.dtype, pointer_alignment(t.data_ptr()))
+def fast_key(args: Any, *ptrs: int) -> tuple:
+    """Hot-path plan key: the call signature's token and each pointer's alignment class."""
+    return (args.config.params["token"], *map(pointer_alignment, ptrs))
 
 
 class PlanCache:
@@ -158,6 +161,15 @@ class PlanCache:
         self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
+
+    def peek(self, key: Hashable) -> Any:
+        """The plan for `key`, or None (the launch hot path: one dict lookup)."""
+        plan = self._plans.get(key)
+        if plan is not None:
+            self.hits += 1
+            with contextlib.suppress(KeyError):  # evicted by another thread meanwhile
+                self._plans.move_to_end(key)
+        return plan
 
     def get(self, key: Hashable, build: Callable[[], Any]) -> Any:
         plan = self._plans.get(key)
@@ -271,18 +283,23 @@ class GemmPlan:
         if not self.raw:
             self._execute(a, b, c, bias, aux, bgrad, stream)
             return
+        epilogue = (bias if bias is not None else bgrad, aux)
+        bias_ptr, aux_ptr = (0 if t is None else t.data_ptr() for t in epilogue)
+        self.launch(a.data_ptr(), b.data_ptr(), c.data_ptr(), bias_ptr, aux_ptr, workspace, stream, c.device)
+
+    def launch(self, a_ptr: int, b_ptr: int, c_ptr: int, bias_ptr: int = 0, aux_ptr: int = 0,
+               workspace: Any = None, stream: Any = None, device: Any = "cuda") -> None:  # fmt: skip
+        """The hot path (raw plans only): cuBLASLt matmul on raw pointers. `bias_ptr` is the bias input or
+        the bias-gradient output, `aux_ptr` the GELU input; 0 where the epilogue has none."""
         if workspace is None or workspace.numel() < self.workspace_size:
-            workspace = self._workspace(c.device)
+            workspace = self._workspace(device)
         handle, desc, alpha, a_layout, b_layout, beta, c_layout, d_layout, algo = self._args
-        c_ptr = c.data_ptr()
         with self._lock:
-            if bias is not None:
-                self._set_pointer("bias_pointer", bias.data_ptr())
-            if bgrad is not None:
-                self._set_pointer("bias_pointer", bgrad.data_ptr())
-            if aux is not None:
-                self._set_pointer("epilogue_aux_pointer", aux.data_ptr())
-            self._matmul(handle, desc, alpha, a.data_ptr(), a_layout, b.data_ptr(), b_layout, beta,
+            if bias_ptr:
+                self._set_pointer("bias_pointer", bias_ptr)
+            if aux_ptr:
+                self._set_pointer("epilogue_aux_pointer", aux_ptr)
+            self._matmul(handle, desc, alpha, a_ptr, a_layout, b_ptr, b_layout, beta,
                          c_ptr if self.inplace else 0, c_layout, c_ptr, d_layout, algo,
                          workspace.data_ptr() if self.workspace_size else 0, self.workspace_size,
                          stream_handle(stream))  # fmt: skip

@@ -14,6 +14,10 @@ from .common import GPU_FLOAT_DTYPES
     deterministic=True,
 )  # fmt: skip
 def matmul_torch(args: ArgPack) -> None:
-    """torch.matmul(a, b, out=out): cuBLAS GEMM / GEMV, any batch and 1-D operands."""
+    """torch.matmul(a, b, out=out): cuBLAS GEMM / GEMV, any batch; 1-D operands through a copy (PyTorch
+    resizes `out` of a vector @ matrix product instead of writing it)."""
     a, b = args.inputs
-    torch.matmul(a, b, out=args.out)
+    if a.dim() == 1 or b.dim() == 1:
+        args.out.copy_(torch.matmul(a, b))
+    else:
+        torch.matmul(a, b, out=args.out)
