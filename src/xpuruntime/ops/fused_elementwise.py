@@ -96,10 +96,14 @@ def check_program(program: Any, n_inputs: int, op: str = "fused_elementwise") ->
     for index, instr in enumerate(program):
         if not isinstance(instr, tuple) or not instr or instr[0] not in UNARY.keys() | BINARY.keys():
             known = ", ".join(sorted(UNARY.keys() | BINARY.keys()))
-            raise ArgumentError(f"{op}: program instruction {index} {instr!r}: expected (opname, refs...) with {known}")
+            raise ArgumentError(
+                f"{op}: argument 'program' instruction {index} {instr!r}: expected (opname, refs...) with {known}"
+            )
         arity = 1 if instr[0] in UNARY else 2
         if len(instr) != 1 + arity:
-            raise ArgumentError(f"{op}: program instruction {index} {instr!r}: '{instr[0]}' takes {arity} ref(s)")
+            raise ArgumentError(
+                f"{op}: argument 'program' instruction {index} {instr!r}: '{instr[0]}' takes {arity} ref(s)"
+            )
         for ref in instr[1:]:
             _check_ref(op, index, ref, n_inputs)
     return program
@@ -117,7 +121,7 @@ def _check_ref(op: str, index: int, ref: Any, n_inputs: int) -> None:
         ok = False
     if not ok:
         raise ArgumentError(
-            f"{op}: program instruction {index}: bad ref {ref!r}; expected ('in', i < {n_inputs}), "
+            f"{op}: argument 'program' instruction {index}: bad ref {ref!r}; expected ('in', i < {n_inputs}), "
             f"('t', j < {index}) or ('c', float)"
         )
 
