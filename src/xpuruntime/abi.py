@@ -14,12 +14,13 @@ Contract:
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import PolicyError
+from .errors import PolicyError, clip
 
 
 class MathMode(enum.Enum):
@@ -58,11 +59,11 @@ class SyncPolicy(enum.Enum):
 def _parse_enum(cls: type[enum.Enum], value: Any, what: str) -> Any:
     if isinstance(value, cls):
         return value
-    try:
-        return cls(str(value).lower().replace("-", "_"))
-    except ValueError:
-        known = ", ".join(m.value for m in cls)
-        raise PolicyError(f"unknown {what} '{value}'; expected one of {known}") from None
+    if isinstance(value, str):
+        with contextlib.suppress(ValueError):
+            return cls(value.lower().replace("-", "_"))
+    known = ", ".join(m.value for m in cls)
+    raise PolicyError(f"unknown {what} {clip(value)}; expected one of {known}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,9 +7,12 @@ only while that list is non-empty, so logging costs nothing when it is off.
 from __future__ import annotations
 
 import collections
+import operator
 import threading
 import time
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+
+import numpy as np
 
 from .errors import ArgumentError, clip
 
@@ -17,6 +20,7 @@ if TYPE_CHECKING:
     from .plan import Plan
 
 DEFAULT_MAX_RECORDS = 10_000
+MAX_CAPACITY = 2**31 - 1  # a bound beyond any memory, still a valid deque size
 
 
 class DispatchEvent(NamedTuple):
@@ -90,9 +94,13 @@ _log = DispatchLog()
 
 def check_capacity(function: str, arg: str, value: object) -> int:
     """A buffer bound: an int >= 1 (None would mean unbounded, which is never what a long run wants)."""
-    if type(value) is bool or not hasattr(value, "__index__") or value.__index__() < 1:
-        raise ArgumentError(f"{function}: argument '{arg}' expected an int >= 1, got {clip(value)}")
-    return value.__index__()
+    try:
+        number = operator.index(value) if not isinstance(value, bool | np.bool_) else 0
+    except (TypeError, ValueError):  # not an integer, or one whose __index__ fails
+        number = 0
+    if not 1 <= number <= MAX_CAPACITY:
+        raise ArgumentError(f"{function}: argument '{arg}' expected an int in [1, {MAX_CAPACITY}], got {clip(value)}")
+    return number
 
 
 def enable_dispatch_logging(max_records: int = DEFAULT_MAX_RECORDS) -> None:

@@ -86,7 +86,9 @@ def _check_names(prefs: Mapping[str, str], registry: Registry | None, kernels: b
 def _parse_bool(name: str, value: Any) -> bool:
     if isinstance(value, bool):
         return value
-    text = str(value).strip().lower()
+    if type(value) is int and value in (0, 1):
+        return bool(value)
+    text = value.strip().lower() if isinstance(value, str) else ""
     if text in ("1", "true", "yes", "on"):
         return True
     if text in ("0", "false", "no", "off"):
@@ -194,7 +196,8 @@ class KernelPolicy:
         if not isinstance(data, Mapping):
             raise PolicyError(f"{source}: expected a mapping of options and op=kernel pairs, got {clip(data)}")
         data = dict(data)
-        prefs = data.pop("preferences", None) or {}
+        prefs = data.pop("preferences", None)
+        prefs = {} if prefs is None else prefs
         if not isinstance(prefs, Mapping):
             raise PolicyError(f"{source}: 'preferences' must be a mapping of op to kernel name, got {clip(prefs)}")
         prefs = dict(prefs)

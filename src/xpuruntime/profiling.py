@@ -118,6 +118,8 @@ class Profiler:
     @contextlib.contextmanager
     def range(self, name: str) -> Iterator[None]:
         """Record a named host range (e.g. "forward") around a block."""
+        if not isinstance(name, str):
+            raise ArgumentError(f"record_range: argument 'name' expected a string, got {clip(name)}")
         start = time.perf_counter_ns()
         try:
             yield
@@ -241,6 +243,8 @@ def profiler(max_events: int = DEFAULT_MAX_EVENTS) -> Iterator[Profiler]:
 @contextlib.contextmanager
 def record_range(name: str) -> Iterator[None]:
     """Record a host range in every active profiler (no-op when none is active)."""
+    if not isinstance(name, str):
+        raise ArgumentError(f"record_range: argument 'name' expected a string, got {clip(name)}")
     with contextlib.ExitStack() as stack:
         for prof in list(_active):
             stack.enter_context(prof.range(name))

@@ -280,10 +280,10 @@ class Registry:
                 listener(op)
 
     def op(self, name: str) -> OpSchema:
-        try:
-            return self.ops[name]
-        except (KeyError, TypeError):  # TypeError: an unhashable "name"
-            raise unknown_name(UnknownOpError, "op", name, self.ops) from None
+        schema = self.ops.get(name) if isinstance(name, str) else None
+        if schema is None:
+            raise unknown_name(UnknownOpError, "op", name, self.ops)
+        return schema
 
     def kernels_for(self, op: str) -> list[KernelSpec]:
         self.op(op)
@@ -294,8 +294,10 @@ class Registry:
         if table is None:
             raise unknown_name(UnknownOpError, "op", op, self.ops)
         try:
+            if not isinstance(name, str):
+                raise KeyError(name)
             return table[name]
-        except (KeyError, TypeError):
+        except KeyError:
             raise unknown_name(UnknownKernelError, "kernel", name, table, where=f" for op '{op}'") from None
 
     def not_supported_reasons(self, spec: KernelSpec, ctx: DispatchContext, preferred: str | None = None) -> list[str]:

@@ -11,8 +11,10 @@ __all__ = ["CPU_FLOAT_DTYPES", "INT_DTYPES", "as_compute", "compute_dtype"]
 
 
 def compute_dtype(dtype: np.dtype) -> np.dtype:
-    """Accumulation dtype: fp16 computes in fp32 (mixed precision), everything else in itself."""
-    return np.dtype(np.float32) if dtype == np.float16 else dtype
+    """Accumulation dtype, in native byte order: fp16 computes in fp32 (mixed precision), everything
+    else in itself."""
+    native = dtype.newbyteorder("=")
+    return np.dtype(np.float32) if native == np.float16 else native
 
 
 def as_compute(x: np.ndarray | None) -> np.ndarray | None:

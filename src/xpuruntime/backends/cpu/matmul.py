@@ -44,7 +44,7 @@ def matmul_gemv(args: ArgPack) -> None:
         _write(args.out, np.dot(as_compute(a), as_compute(b)))
     else:
         out = args.out
-        if out.flags.c_contiguous and out.dtype.isnative:  # what np.dot(out=) requires
+        if out.flags.c_contiguous and out.flags.aligned and out.dtype.isnative:  # what np.dot(out=) requires
             np.dot(a, b, out=out)
         else:
             _write(out, np.dot(a, b))

@@ -18,7 +18,7 @@ def softmax_numpy(args: ArgPack) -> None:
         return
     work = out if compute_dtype(x.dtype) == x.dtype else np.empty(x.shape, compute_dtype(x.dtype))
     with np.errstate(invalid="ignore"):  # an all -inf row gives NaN, as in PyTorch
-        np.subtract(x, np.max(x, axis=axis, keepdims=True), out=work, dtype=work.dtype)
+        np.subtract(x, np.max(x, axis=axis, keepdims=True), out=work, dtype=work.dtype.type)
         np.exp(work, out=work)
         np.divide(work, np.sum(work, axis=axis, keepdims=True), out=work)
     if work is not out:
