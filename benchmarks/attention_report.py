@@ -1,6 +1,7 @@
 """Merge `xpuruntime bench --only attention...` results into benchmarks/results/attention_h100.{json,md}.
 
-Usage: python benchmarks/attention_report.py OUT_DIR [OUT_DIR ...]  (each holding a results.json)
+Usage: python benchmarks/attention_report.py [--stem=NAME] OUT_DIR [OUT_DIR ...]  (each holding a results.json; rows of a
+later folder replace rows of the same name from earlier ones)
 """
 
 from __future__ import annotations
@@ -24,14 +25,17 @@ def tflops(name: str, ms: float | None) -> str:
     return "-" if not ms else f"{flops(name) / ms / 1e9:.0f}"
 
 
-def main(folders: list[str]) -> None:
-    rows, env = [], {}
-    for folder in folders:
+def main(folders: list[str], stem: str = "attention_h100") -> None:
+    by_name, env = {}, {}
+    for folder in folders:  # a later folder's row replaces an earlier one of the same name (a re-run)
         data = json.loads((Path(folder) / "results.json").read_text())
         env = data.get("environment", env)
-        rows += data["rows"]
+        for row in data["rows"]:
+            row["source"] = Path(folder).name
+            by_name[row["name"]] = row
+    rows = list(by_name.values())
     HERE.mkdir(parents=True, exist_ok=True)
-    (HERE / "attention_h100.json").write_text(json.dumps({"environment": env, "results": rows}, indent=1))
+    (HERE / f"{stem}.json").write_text(json.dumps({"environment": env, "results": rows}, indent=1))
     lines = [
         "# Attention on the H100: flash_v2 beside PyTorch's SDPA backends (TFLOP/s)",
         "",
@@ -61,16 +65,18 @@ def main(folders: list[str]) -> None:
         ratio_text = "-" if ratio is None else f"{ratio:.2f}x" + (f" ({target}x)" if target else "")
         auto = f"{best / alt['auto']:.2f}" if best and alt.get("auto") else "-"
         tuned = f"{best / alt['autotune']:.2f}" if best and alt.get("autotune") else "-"
-        status = r.get("status", "")
+        status = r.get("status", "") + (" (re-run)" if r.get("source") == "rerun" else "")
         if r.get("met") is False:
             status += f", missed by {100 * (r.get('missed_by') or 0):.0f}%"
         if r.get("message") and r.get("status") != "ok":
             status += f": {r['message'][:120]}"
         lines.append(f"| {name.removeprefix('attention ')} | " + " | ".join(cells)
                      + f" | {ratio_text} | {auto} | {tuned} | {status} |")  # fmt: skip
-    (HERE / "attention_h100.md").write_text("\n".join(lines) + "\n")
+    (HERE / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    args = sys.argv[1:]
+    stems = [a.removeprefix("--stem=") for a in args if a.startswith("--stem=")]
+    main([a for a in args if not a.startswith("--stem=")], *stems[:1])
