@@ -141,3 +141,27 @@ def test_verbose_explain_lists_every_candidate(encoder: bytes) -> None:
     assert "matmul/numpy_blas [cpu] (auto)" in text
     assert "blocked [cpu]: supported, score" in text  # the runner-up, with its score
     assert "rejected:" in text
+
+
+def test_a_kernel_failing_on_its_first_launch_is_replaced() -> None:
+    """The planning run catches a kernel that raises and runs the node with the op map instead."""
+    from xpuruntime.backends.cpu import BACKEND
+    from xpuruntime.dispatch import Dispatcher
+    from xpuruntime.registry import Registry, kernel
+
+    registry = Registry()
+    for schema in xrt.default_registry().ops.values():
+        registry.register_op(schema)
+    registry.register_backend(BACKEND)
+
+    @kernel("matmul", "boom", backend="cpu", priority=100)
+    def boom(args: object) -> None:
+        raise RuntimeError("kaboom")
+
+    registry.register_kernel(boom)
+    session = InferenceSession(mlp(), dispatcher=Dispatcher(registry))
+    x = np.random.default_rng(3).standard_normal((4, 8)).astype(np.float32)
+    want = InferenceSession(mlp()).run(None, {"x": x})
+    for got, expected in zip(session.run(None, {"x": x}), want):
+        np.testing.assert_allclose(got, expected, rtol=1e-5)
+    assert "kernel matmul/boom failed: RuntimeError: kaboom" in session.explain()

@@ -173,9 +173,7 @@ class Planner:
             try:
                 ins = self._device_inputs(node, ins, values, static, slot)
                 step = self._make_step(node, ins, outs, [values[i] for i in ins], values)
-                step.run(values)
-            except XpuRuntimeError as exc:
-                raise NodeExecutionError(_failure(Step(node, "numpy", ins, outs), values, exc)) from exc
+                step = self._first_run(step, values, ins)
             except Exception as exc:
                 raise NodeExecutionError(_failure(Step(node, "numpy", ins, outs), values, exc)) from exc
             steps.append(step)
@@ -197,6 +195,27 @@ class Planner:
             fn = self.static_fns[id(node)] = OPS[node.op](node, self.graph.opset)
         result = fn(*args)
         return _as_outputs(node, result)
+
+    def _first_run(self, step: Step, values: list, ins: tuple) -> Step:
+        """Run a new step once; a kernel that fails on its first launch is replaced by the op map's
+        function (or the xrt op's fallback), with the failure kept in the step's note for explain()."""
+        try:
+            step.run(values)
+            return step
+        except Exception as exc:
+            if step.kind != "kernel":
+                raise
+            note = f"kernel {step.plan.kernel.qualified_name} failed: {type(exc).__name__}: {str(exc)[:160]}"
+        node = step.node
+        if node.domain == XRT_DOMAIN:
+            replacement = self._fallback_step(node, ins, step.outputs, note)
+        else:
+            fn = self.fns.get(id(node)) or self.op_table[node.op](node, self.graph.opset)
+            self.fns[id(node)] = fn
+            replacement = _numpy_step(node, ins, step.outputs, fn, note, self.wrap)
+            replacement.kind = self.step_kind
+        replacement.run(values)
+        return replacement
 
     def _device_inputs(self, node: Node, ins: tuple, values: list, static: set, slot: Callable) -> tuple:
         """Hook: the slots a step reads (the GPU planner moves constants to the device here)."""
