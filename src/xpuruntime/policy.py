@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import difflib
+import functools
 import itertools
 import json
 import os
@@ -66,8 +67,15 @@ def _check_keys(prefs: Mapping[Any, Any]) -> None:
     for op in prefs:
         if not isinstance(op, str) or not op:
             raise PolicyError(f"policy keys must be op or option names (non-empty strings), got {clip(op)}")
-        if op not in _OPTIONS and difflib.get_close_matches(op.lower(), _OPTIONS, n=1, cutoff=0.75):
+        if _looks_like_an_option(op):
             raise unknown_name(PolicyError, "policy option", op, _OPTIONS)
+
+
+@functools.lru_cache(maxsize=1024)
+def _looks_like_an_option(name: str) -> bool:
+    """A name close to, but not, an option name: a misspelt option rather than an op (cached: policies
+    are built per call in some code)."""
+    return name not in _OPTIONS and bool(difflib.get_close_matches(name.lower(), _OPTIONS, n=1, cutoff=0.75))
 
 
 def _check_names(prefs: Mapping[str, str], registry: Registry | None, kernels: bool = True) -> None:
