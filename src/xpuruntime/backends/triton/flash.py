@@ -13,7 +13,6 @@ deterministic) for dK and dV; another owns a query block and loops over key bloc
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -647,7 +646,3 @@ def bwd_config(head_dim: int, causal: bool = False, interpreted: bool = False) -
 def fwd_flops(B: int, H: int, L: int, S: int, D: int, causal: bool) -> float:
     f = 4.0 * B * H * L * S * D
     return f / 2 if causal else f
-
-
-def cdiv(a: int, b: int) -> int:
-    return math.ceil(a / b)
