@@ -7,6 +7,7 @@ torch tensors) and is explicit-only, so it runs only where a policy names one of
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 try:
@@ -31,9 +32,14 @@ def _empty(shape: tuple[int, ...], dtype: str, device: str, stream: Any = None) 
     return numpy_or_torch_empty(shape, dtype, device)
 
 
+@functools.lru_cache(maxsize=64)
+def _torch_device(device: str) -> Any:
+    return torch.device(device)
+
+
 def _current_stream(device: str) -> Any:
     if device.startswith("cuda"):
-        return torch.cuda.current_stream(torch.device(device))
+        return torch.cuda.current_stream(_torch_device(device))
     return None
 
 

@@ -106,3 +106,49 @@ def numpy_or_torch_empty(shape: tuple[int, ...], dtype: str, device: str) -> Any
     if device.startswith("cpu"):
         return np.empty(shape, np.dtype(dtype))
     return torch.empty(shape, dtype=TORCH_DTYPES[dtype], device=device)
+
+
+# -- launching --------------------------------------------------------------------------------------
+# Triton's own launch path binds and specializes every argument in Python on each call (tens of µs on
+# a slow host, more than a 50 µs kernel). After the first launch of a specialization we keep the
+# compiled kernel and call its launcher directly. The key holds everything Triton specializes on: the
+# constexprs and options, each tensor's dtype and 16-byte alignment, each int's ==1 / %16 / 64-bit.
+
+_COMPILED: dict[tuple, tuple[Any, tuple]] = {}
+
+
+def _spec(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.dtype, value.data_ptr() % 16 == 0
+    kind = type(value)
+    if kind is int:
+        return value == 1, value % 16 == 0, -(2**31) <= value < 2**31
+    if kind is float:
+        return float
+    return kind, value
+
+
+def launch(fn: Any, grid: tuple[int, ...], *args: Any, num_warps: int = 4, num_stages: int | None = None,
+           **constexprs: Any) -> None:  # fmt: skip
+    """fn[grid](*args, **constexprs), with the compiled kernel reused directly after the first call."""
+    options = {"num_warps": num_warps} if num_stages is None else {"num_warps": num_warps, "num_stages": num_stages}
+    if INTERPRET:
+        fn[grid](*args, **options, **constexprs)
+        return
+    from triton import knobs
+    from triton.runtime import driver
+
+    hooked = knobs.runtime.launch_enter_hook is not None or knobs.runtime.launch_exit_hook is not None
+    key = (fn, num_warps, num_stages, tuple(constexprs.items()), tuple(map(_spec, args)))
+    entry = None if hooked else _COMPILED.get(key)
+    if entry is None:
+        kernel = fn[grid](*args, **options, **constexprs)
+        if kernel is not None and not hooked and getattr(kernel, "function", None) is not None:
+            tail = tuple(constexprs[name] for name in fn.arg_names if name in constexprs)
+            _COMPILED[key] = (kernel, tail)
+        return
+    kernel, tail = entry
+    g1 = grid[1] if len(grid) > 1 else 1
+    g2 = grid[2] if len(grid) > 2 else 1
+    stream = driver.active.get_current_stream(driver.active.get_current_device())
+    kernel.run(grid[0], g1, g2, stream, kernel.function, kernel.packed_metadata, None, None, None, *args, *tail)

@@ -19,7 +19,16 @@ from triton.language.extra import libdevice
 from ...abi import ArgPack, LaunchConfig, TensorSpec
 from ...context import DispatchContext
 from ...registry import kernel
-from .common import FLOAT_DTYPES, INTERPRET, as_torch, broadcast_strides, collapse, no_negative_strides, out_strides
+from .common import (
+    FLOAT_DTYPES,
+    INTERPRET,
+    as_torch,
+    broadcast_strides,
+    collapse,
+    launch,
+    no_negative_strides,
+    out_strides,
+)
 
 # libdevice's sinf is accurate to a few ulp; tl.sin may lower to the approximate sin.approx.f32. The
 # interpreter implements only tl.sin (through NumPy, exactly).
@@ -167,7 +176,8 @@ def sin_affine_triton(args: ArgPack) -> None:
     y = as_torch(args.out)
     a_tensor, b_tensor = not isinstance(a, float | int), not isinstance(b, float | int)
     xs, as_, bs, ys = p["strides"]
-    _sin_affine_kernel[args.config.grid](
+    launch(
+        _sin_affine_kernel, args.config.grid,
         x, a if a_tensor else x, b if b_tensor else x, y,
         0.0 if a_tensor else float(a), 0.0 if b_tensor else float(b), p["n"],
         *p["dims"], *xs, *as_, *bs, *ys,
@@ -336,7 +346,8 @@ def fused_elementwise_triton(args: ArgPack) -> None:
     inputs = [as_torch(x) for x in args.inputs[:count]]
     strides = [s for per_input in p["strides"][:count] for s in per_input]
     modes = {f"M{i}": m for i, m in enumerate(p["MODES"])}
-    fused_kernel(args.attrs["program"], count)[args.config.grid](
+    launch(
+        fused_kernel(args.attrs["program"], count), args.config.grid,
         *inputs, as_torch(args.out), p["n"], *p["dims"], *strides, *p["strides"][-1],
         Y_LINEAR=p["Y_LINEAR"], WIDE=p["WIDE"], BLOCK=p["BLOCK"], num_warps=p["num_warps"], **modes,
     )  # fmt: skip

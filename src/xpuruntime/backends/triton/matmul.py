@@ -24,7 +24,7 @@ import triton.language as tl
 from ...abi import ArgPack, LaunchConfig, MathMode
 from ...context import DispatchContext
 from ...registry import kernel
-from .common import FLOAT_DTYPES, INTERPRET, MAX_GRID_Y, as_torch, no_negative_strides, sm_count, workspace_f32
+from .common import FLOAT_DTYPES, INTERPRET, MAX_GRID_Y, as_torch, launch, no_negative_strides, sm_count, workspace_f32
 from .reduction import Problem, launch_sum, tiles
 
 # (BM, BN, BK, warps, stages): the tuner's search space for tensor-core tiles on sm80+.
@@ -248,7 +248,8 @@ def _run(p: dict, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, cfg: tuple)
         target.zero_()
     k_per = triton.cdiv(triton.cdiv(k, split), bk) * bk if k else bk
     grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn), count, split)
-    _matmul_kernel[grid](
+    launch(
+        _matmul_kernel, grid,
         a, b, target, m, n, k, k_per, *a.stride(), *b.stride(), *target.stride(),
         BM=bm, BN=bn, BK=bk, GROUP=GROUP_M, PRECISION=p["precision"], FP32_INPUTS=p["fp32"], ATOMIC=split > 1,
         num_warps=warps, num_stages=stages,
@@ -366,7 +367,8 @@ def matmul_gemv_triton(args: ArgPack) -> None:
     if split > 1:
         target = workspace_f32(args, split * rows, y.device)
         t_stride, s_stride = 1, rows
-    _gemv_kernel[args.config.grid](
+    launch(
+        _gemv_kernel, args.config.grid,
         w, v, target, rows, j, p["j_per"], swi, swj, sv, t_stride, s_stride,
         BLOCK_I=p["BLOCK_I"], BLOCK_J=p["BLOCK_J"], num_warps=p["num_warps"],
     )  # fmt: skip

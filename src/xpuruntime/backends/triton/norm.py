@@ -17,7 +17,7 @@ import triton.language as tl
 from ...abi import ArgPack, LaunchConfig
 from ...context import DispatchContext
 from ...registry import kernel
-from .common import FLOAT_DTYPES, as_torch, next_pow2, no_negative_strides, sm_count, workspace_f32
+from .common import FLOAT_DTYPES, as_torch, launch, next_pow2, no_negative_strides, sm_count, workspace_f32
 from .reduction import Problem, launch_sum, tiles
 
 MAX_ONE_PASS = 16384  # row elements kept in registers
@@ -258,7 +258,8 @@ def _forward(args: ArgPack, weight: torch.Tensor | None, bias: torch.Tensor | No
     x = _matrix(as_torch(args.inputs[0]), m, n)
     y, direct = _output_matrix(out, m, n)
     (w, sw), (b, sb) = _vector(weight), _vector(bias)
-    _norm_fwd_kernel[args.config.grid](
+    launch(
+        _norm_fwd_kernel, args.config.grid,
         x, w if w is not None else x, b if b is not None else x, y, m, n, *x.stride(), *y.stride(), sw, sb,
         float(args.attrs["eps"]), HAS_W=w is not None, HAS_B=b is not None, RMS=rms,
         BLOCK_M=p["BLOCK_M"], BLOCK_N=p["BLOCK_N"], ONE_PASS=p["ONE_PASS"], num_warps=p["num_warps"],
@@ -278,7 +279,8 @@ def _backward(args: ArgPack, rms: bool) -> None:
     dx = packed[:m]
     w, sw = _vector(weight)
     partials = workspace_f32(args, 2 * programs * n, packed.device).view(2, programs, n)
-    _norm_bwd_kernel[args.config.grid](
+    launch(
+        _norm_bwd_kernel, args.config.grid,
         dy, x, w if w is not None else x, dx, partials[0], partials[1], m, n,
         *dy.stride(), *x.stride(), *dx.stride(), sw, float(args.attrs["eps"]),
         HAS_W=w is not None, RMS=rms, BLOCK_M=p["BLOCK_M"], BLOCK_N=p["BLOCK_N"], ONE_PASS=p["ONE_PASS"],

@@ -23,6 +23,7 @@ from .common import (
     FLOAT_DTYPES,
     as_torch,
     collapse,
+    launch,
     next_pow2,
     no_negative_strides,
     out_strides,
@@ -131,10 +132,10 @@ def launch_sum(x: torch.Tensor, out: torch.Tensor, t: dict, partials: torch.Tens
         return
     grid = (O * t["n_i"], split)
     if split == 1:
-        _sum_kernel[grid](x, out, t["R"], I, t["n_i"], t["r_per"], *t["x"], t["out"][0], 0, t["out"][1],
+        launch(_sum_kernel, grid, x, out, t["R"], I, t["n_i"], t["r_per"], *t["x"], t["out"][0], 0, t["out"][1],
                           BLOCK_R=t["BLOCK_R"], BLOCK_I=t["BLOCK_I"], num_warps=t["num_warps"])  # fmt: skip
         return
-    _sum_kernel[grid](x, partials, t["R"], I, t["n_i"], t["r_per"], *t["x"], split * I, I, 1,
+    launch(_sum_kernel, grid, x, partials, t["R"], I, t["n_i"], t["r_per"], *t["x"], split * I, I, 1,
                       BLOCK_R=t["BLOCK_R"], BLOCK_I=t["BLOCK_I"], num_warps=t["num_warps"])  # fmt: skip
     second = tiles(Problem(O, split, I, (split * I, I, 1), t["out"]), split_target=0)
     launch_sum(partials, out, second)

@@ -15,7 +15,7 @@ import triton.language as tl
 from ...abi import ArgPack, LaunchConfig
 from ...context import DispatchContext
 from ...registry import kernel
-from .common import FLOAT_DTYPES, as_torch, collapse, next_pow2, no_negative_strides, out_strides
+from .common import FLOAT_DTYPES, as_torch, collapse, launch, next_pow2, no_negative_strides, out_strides
 
 MAX_ONE_PASS = 16384  # elements of a row kept in registers
 
@@ -115,7 +115,8 @@ def softmax_triton(args: ArgPack) -> None:
     if p["copy"]:
         x = x.contiguous()
         y = out if out.is_contiguous() else torch.empty_like(x)
-    _softmax_kernel[args.config.grid](
+    launch(
+        _softmax_kernel, args.config.grid,
         x, y, p["R"], p["I"], p["n_i"], *p["sx"], *p["sy"],
         BLOCK_R=p["BLOCK_R"], BLOCK_I=p["BLOCK_I"], ONE_PASS=p["ONE_PASS"], num_warps=p["num_warps"],
     )  # fmt: skip
