@@ -32,10 +32,15 @@ def main() -> None:
             xrt.ops.layer_norm_backward(xx, xx, n, ww)
             xrt.ops.rms_norm_backward(xx, xx, n, ww)
     a, bb = r(67, 129, dt=torch.bfloat16), r(129, 95, dt=torch.bfloat16)
-    for name in ("triton", "triton_splitk"):
-        with xrt.kernel_policy(matmul=name, strict=True):
-            xrt.ops.matmul(a, bb)
-            xrt.ops.matmul(r(2, 33, 40), r(40, 17))
+    with xrt.kernel_policy(matmul="triton", strict=True):
+        xrt.ops.matmul(a, bb)
+        xrt.ops.matmul(r(2, 33, 40), r(40, 17))
+    with xrt.kernel_policy(matmul="triton_splitk", strict=True):
+        xrt.ops.matmul(r(19, 2100), r(2100, 23))
+    from xpuruntime.backends.triton import matmul as tm
+
+    c = torch.empty(1, 19, 23, device="cuda")
+    tm._run({"precision": "ieee", "fp32": True}, r(1, 19, 2100), r(1, 2100, 23), c, (32, 32, 32, 4, 3, 4))
     with xrt.kernel_policy(matmul="triton_gemv", strict=True):
         xrt.ops.matmul(a, r(129, dt=torch.bfloat16))
         xrt.ops.matmul(r(67, dt=torch.bfloat16), a)
