@@ -275,7 +275,7 @@ def host_cost():
     RESULTS["host_us"]["torch.matmul"] = per_call(lambda: torch.matmul(a, b))
     RESULTS["host_us"]["torch.matmul out="] = per_call(lambda: torch.matmul(a, b, out=out))
     for k, v in RESULTS["host_us"].items():
-        print(f"  {k}: {v:.1f} us")
+        print(f"  {k}: {v} us")
     # the dispatcher, if it already takes CUDA tensors
     try:
         from xpuruntime.dispatch import Dispatcher
