@@ -366,6 +366,24 @@ def dispatch_profile():
         print("\n".join(line for line in buf.getvalue().splitlines()[6:30] if line.strip()))
 
 
+def sanitize():
+    """Every cuBLASLt kernel and epilogue once at small sizes (for compute-sanitizer memcheck/racecheck)."""
+    print("== sanitize run")
+    x, w, b = rnd(3, 96, 256), rnd(384, 256, scale=1 / 16), rnd(384)
+    for act in (None, "relu", "gelu"):
+        for bias in (b, None):
+            call("linear", "cublasLt", (x, w, bias), (act,), check=False)
+    for sa, sb in (((200, 256), (256, 136)), ((3, 64, 256), (3, 256, 128)), ((256,), (256, 384))):
+        call("matmul", "cublasLt", (rnd(*sa), rnd(*sb)), (), check=False)
+    dy, pre = rnd(3, 96, 384), rnd(3, 96, 256)
+    for act in (None, "gelu"):
+        call("linear_grad_input", "cublasLt", (dy, w, pre if act else None), (act,), check=False)
+    for bias in (False, True):
+        call("linear_grad_weight", "cublasLt", (dy, x), (bias,), check=False)
+    torch.cuda.synchronize()
+    print("  sanitize run done")
+
+
 def main():
     out_dir = sys.argv[1] if len(sys.argv) > 1 else "."
     print(torch.__version__, torch.cuda.get_device_name())
@@ -373,6 +391,8 @@ def main():
 
     print("nvmath", nvmath.__version__, "backend unavailable?", REG.backends["cublaslt"].unavailable_reason)
     steps = (dispatch_profile, variants, correctness, timings, host_cost)
+    if len(sys.argv) > 2 and sys.argv[2] == "sanitize":
+        steps = (sanitize,)
     if len(sys.argv) > 2:  # a comma-separated subset of the steps, by name
         steps = [f for f in steps if f.__name__ in sys.argv[2].split(",")]
     for step in steps:
