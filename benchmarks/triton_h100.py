@@ -70,7 +70,7 @@ def sweep() -> dict:
             part = torch.empty(2, p, n, device="cuda", dtype=torch.float32)
 
             def bwd(p=p, warps=warps, part=part):
-                NM._norm_bwd_kernel[(p,)](dy, x, w, y, part[0], part[1], m, n, n, 1, n, 1, n, 1, 1, 1e-5,
+                NM._norm_bwd_kernel[(p,)](dy, x, w, y, part, m, n, n, 1, n, 1, n, 1, 1, 1e-5,
                                           HAS_W=True, RMS=False, BLOCK_M=1, BLOCK_N=n, ONE_PASS=True,
                                           num_warps=warps)  # fmt: skip
 

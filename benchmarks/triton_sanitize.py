@@ -43,6 +43,7 @@ def main() -> None:
     tm._run({"precision": "ieee", "fp32": True}, r(1, 19, 2100), r(1, 2100, 23), c, (32, 32, 32, 4, 3, 4))
     with xrt.kernel_policy(matmul="triton_gemv", strict=True):
         xrt.ops.matmul(a, r(129, dt=torch.bfloat16))
+    with xrt.kernel_policy(matmul="triton_gemv_t", strict=True):
         xrt.ops.matmul(r(67, dt=torch.bfloat16), a)
     with xrt.kernel_policy(fused_elementwise="triton", strict=True):
         fused_elementwise((("add", ("in", 0), ("in", 1)), ("gelu", ("t", 0))), r(33, 65), r(65))

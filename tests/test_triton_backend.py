@@ -33,7 +33,7 @@ def test_backend_is_registered_with_its_device_type() -> None:
     assert backend.explicit_only is INTERPRET
     assert backend.unavailable_reason is None
     names = {k.name for k in default_registry().kernels_for("matmul") if k.backend == "triton"}
-    assert names == {"triton", "triton_splitk", "triton_gemv"}
+    assert names == {"triton", "triton_splitk", "triton_gemv", "triton_gemv_t"}
 
 
 if INTERPRET:  # explicit-only and NumPy views exist only for the interpreter backend

@@ -309,7 +309,7 @@ def test_gemv(rng, case: int, dtype: str) -> None:
     a, b = make(rng, sa, dtype), _operand(rng, sb, dtype, col_major)
     ref = _matmul_reference(a, b)
     out = poisoned(ref.shape, dtype)
-    with strict(matmul="triton_gemv"):
+    with strict(matmul="triton_gemv" if ref.ndim == 0 or len(sb) == 1 or sb[-1] == 1 else "triton_gemv_t"):
         xrt.ops.matmul(a, b, out=out)
     assert_close(out, ref, dtype, tol=2e-5 if dtype == "float32" else None)
 

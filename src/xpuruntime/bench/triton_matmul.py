@@ -34,7 +34,7 @@ def _gemv(column: bool) -> Setup:
     w, v = randn(G, G, dtype="bfloat16"), randn(G, dtype="bfloat16")
     dst = torch.empty_like(w)
     call = (lambda: xrt.ops.matmul(w, v)) if column else (lambda: xrt.ops.matmul(v, w))
-    ours = forced("matmul", "triton_gemv", call)
+    ours = forced("matmul", "triton_gemv" if column else "triton_gemv_t", call)
     reference = (lambda: torch.mv(w, v)) if column else (lambda: v @ w)
     return Setup(
         ours=ours, anchor=lambda: dst.copy_(w), bytes=2 * (G * G + 2 * G), anchor_bytes=2 * 2 * G * G,

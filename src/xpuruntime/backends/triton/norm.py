@@ -103,7 +103,7 @@ def _norm_fwd_kernel(
 
 @triton.jit
 def _norm_bwd_kernel(
-    dy_ptr, x_ptr, w_ptr, dx_ptr, dw_part, db_part, M, N,
+    dy_ptr, x_ptr, w_ptr, dx_ptr, dw_part, M, N,
     sdym, sdyn, sxm, sxn, sdxm, sdxn, sw, eps,
     HAS_W: tl.constexpr, RMS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ONE_PASS: tl.constexpr,
 ):  # fmt: skip
@@ -111,6 +111,7 @@ def _norm_bwd_kernel(
     programs = tl.num_programs(0)
     cols = tl.arange(0, BLOCK_N)
     part = pid.to(tl.int64) * N
+    db_part = dw_part + programs.to(tl.int64) * N  # partials: [dweight rows; dbias rows], one row per program
     if ONE_PASS:
         col_mask = cols < N
         w = 1.0
@@ -211,7 +212,7 @@ def _tile(n: int, itemsize: int) -> dict:
 def forward_launch_config(ctx: DispatchContext) -> LaunchConfig:
     m, n = _rows(ctx)
     t = _tile(n, ctx.tensor("x").itemsize)
-    t.update(M=m, N=n)
+    t.update(M=m, N=n, eps=ctx.attrs["eps"], lean=_lean(ctx, ("x",)))
     programs = triton.cdiv(m, t["BLOCK_M"]) if t["ONE_PASS"] else m
     return LaunchConfig(grid=(programs,), block=(32 * t["num_warps"],), params=t)
 
@@ -221,8 +222,18 @@ def backward_launch_config(ctx: DispatchContext) -> LaunchConfig:
     t = _tile(n, ctx.tensor("x").itemsize)
     row_blocks = triton.cdiv(m, t["BLOCK_M"])
     programs = max(1, min(row_blocks, BACKWARD_PROGRAMS_PER_SM * sm_count(ctx.device)))
-    t.update(M=m, N=n, P=programs, finish=tiles(Problem(2, programs, n, (programs * n, n, 1), (n, 1)), 0))
+    grads = 1 if ctx.op == "rms_norm_backward" else 2
+    finish = tiles(Problem(grads, programs, n, (programs * n, n, 1), (n, 1)), 0)
+    finish["out_offset"] = m * n  # the gradient rows follow dx in the packed (row-major) output
+    t.update(M=m, N=n, P=programs, finish=finish, eps=ctx.attrs["eps"], lean=_lean(ctx, ("dy", "x")))
     return LaunchConfig(grid=(programs,), block=(32 * t["num_warps"],), params=t)
+
+
+def _lean(ctx: DispatchContext, rows: tuple[str, ...]) -> bool:
+    """Row-major inputs, parameters and output: launch on the arrays as they are (no views, fewer host steps)."""
+    params = [n for n in ("weight", "bias") if n in ctx.arg_names and ctx.has_tensor(n)]
+    dense = all(ctx.tensor(n).layout == "contiguous" for n in (*rows, *params))
+    return dense and (ctx.out is None or ctx.out.layout == "contiguous")
 
 
 def backward_workspace_bytes(ctx: DispatchContext) -> int:
@@ -255,6 +266,15 @@ def _forward(args: ArgPack, weight: torch.Tensor | None, bias: torch.Tensor | No
     out = as_torch(args.out)
     if m == 0:
         return
+    if p["lean"]:
+        x = as_torch(args.inputs[0])
+        launch(
+            _norm_fwd_kernel, args.config.grid,
+            x, x if weight is None else weight, x if bias is None else bias, out, m, n, n, 1, n, 1, 1, 1, p["eps"],
+            HAS_W=weight is not None, HAS_B=bias is not None, RMS=rms,
+            BLOCK_M=p["BLOCK_M"], BLOCK_N=p["BLOCK_N"], ONE_PASS=p["ONE_PASS"], num_warps=p["num_warps"],
+        )  # fmt: skip
+        return
     x = _matrix(as_torch(args.inputs[0]), m, n)
     y, direct = _output_matrix(out, m, n)
     (w, sw), (b, sb) = _vector(weight), _vector(bias)
@@ -274,23 +294,30 @@ def _backward(args: ArgPack, rms: bool) -> None:
     m, n, programs = p["M"], p["N"], p["P"]
     dy_in, x_in, weight = (as_torch(v) for v in args.inputs)
     out = as_torch(args.out)
+    if p["lean"]:
+        partials = workspace_f32(args, 2 * programs * n, out.device)
+        launch(
+            _norm_bwd_kernel, args.config.grid,
+            dy_in, x_in, x_in if weight is None else weight, out, partials, m, n, n, 1, n, 1, n, 1, 1, p["eps"],
+            HAS_W=weight is not None, RMS=rms, BLOCK_M=p["BLOCK_M"], BLOCK_N=p["BLOCK_N"], ONE_PASS=p["ONE_PASS"],
+            num_warps=p["num_warps"],
+        )  # fmt: skip
+        launch_sum(partials, out, p["finish"])
+        return
     packed, direct = _output_matrix(out, out.shape[0], n)
     x, dy = _matrix(x_in, m, n), _matrix(dy_in, m, n)
     dx = packed[:m]
     w, sw = _vector(weight)
-    partials = workspace_f32(args, 2 * programs * n, packed.device).view(2, programs, n)
+    partials = workspace_f32(args, 2 * programs * n, packed.device)
     launch(
         _norm_bwd_kernel, args.config.grid,
-        dy, x, w if w is not None else x, dx, partials[0], partials[1], m, n,
+        dy, x, w if w is not None else x, dx, partials, m, n,
         *dy.stride(), *x.stride(), *dx.stride(), sw, float(args.attrs["eps"]),
         HAS_W=w is not None, RMS=rms, BLOCK_M=p["BLOCK_M"], BLOCK_N=p["BLOCK_N"], ONE_PASS=p["ONE_PASS"],
         num_warps=p["num_warps"],
     )  # fmt: skip
-    finish = dict(p["finish"])
     grads = packed[m:]
-    if rms:  # only dweight: one column sum
-        finish["O"] = 1
-    finish["out"] = (grads.stride(0), grads.stride(1))
+    finish = {**p["finish"], "out": (grads.stride(0), grads.stride(1)), "out_offset": 0}
     launch_sum(partials, grads, finish)
     if not direct:
         out.copy_(packed.view(out.shape))

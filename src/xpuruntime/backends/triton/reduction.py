@@ -37,7 +37,7 @@ TILE_ELEMENTS = 4096  # fp32 accumulator elements per program
 @triton.jit
 def _sum_kernel(
     x_ptr, out_ptr, R, I, n_i_blocks, r_per_split,
-    sxo, sxr, sxi, soo, sos, soi,
+    sxo, sxr, sxi, soo, sos, soi, out_offset,
     BLOCK_R: tl.constexpr, BLOCK_I: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
@@ -54,7 +54,8 @@ def _sum_kernel(
         mask = (r < r_end)[:, None] & i_mask[None, :]
         acc += tl.load(base + r[:, None].to(tl.int64) * sxr, mask=mask, other=0.0).to(tl.float32)
     total = tl.sum(acc, axis=0)
-    tl.store(out_ptr + o * soo + split * sos + i * soi, total.to(out_ptr.dtype.element_ty), mask=i_mask)
+    out = out_ptr + out_offset + o * soo + split * sos + i * soi
+    tl.store(out, total.to(out_ptr.dtype.element_ty), mask=i_mask)
 
 
 @dataclass(frozen=True)
@@ -126,18 +127,21 @@ def tiles(p: Problem, split_target: int) -> dict:
 
 
 def launch_sum(x: torch.Tensor, out: torch.Tensor, t: dict, partials: torch.Tensor | None = None) -> None:
-    """Run the tiled sum `t` (from `tiles`) of x into out, through fp32 partials when split."""
+    """Run the tiled sum `t` (from `tiles`) of x into out (from element `t["out_offset"]`, default 0),
+    through fp32 partials when split."""
     O, I, split = t["O"], t["I"], t["split"]
     if O * I == 0:
         return
     grid = (O * t["n_i"], split)
+    offset = t.get("out_offset", 0)
     if split == 1:
         launch(_sum_kernel, grid, x, out, t["R"], I, t["n_i"], t["r_per"], *t["x"], t["out"][0], 0, t["out"][1],
-                          BLOCK_R=t["BLOCK_R"], BLOCK_I=t["BLOCK_I"], num_warps=t["num_warps"])  # fmt: skip
+               offset, BLOCK_R=t["BLOCK_R"], BLOCK_I=t["BLOCK_I"], num_warps=t["num_warps"])  # fmt: skip
         return
-    launch(_sum_kernel, grid, x, partials, t["R"], I, t["n_i"], t["r_per"], *t["x"], split * I, I, 1,
-                      BLOCK_R=t["BLOCK_R"], BLOCK_I=t["BLOCK_I"], num_warps=t["num_warps"])  # fmt: skip
+    launch(_sum_kernel, grid, x, partials, t["R"], I, t["n_i"], t["r_per"], *t["x"], split * I, I, 1, 0,
+           BLOCK_R=t["BLOCK_R"], BLOCK_I=t["BLOCK_I"], num_warps=t["num_warps"])  # fmt: skip
     second = tiles(Problem(O, split, I, (split * I, I, 1), t["out"]), split_target=0)
+    second["out_offset"] = offset
     launch_sum(partials, out, second)
 
 
