@@ -236,3 +236,25 @@ def test_autotune_policy_installs_and_routes(cpu_routing):
     assert [(r.op_name, r.reason) for r in xrt.get_dispatch_logs()][:1] == [("matmul", "autotune")]
     xtorch.set_kernel_policy(xrt.KernelPolicy(autotune=True, validate=cpu_routing))
     assert set(xtorch.installed_overrides()) == {"matmul", "linear", "attention", "layer_norm", "rms_norm"}
+
+
+def test_scoped_policy_in_one_thread_does_not_steer_another(cpu_routing):
+    import threading
+
+    a, b = torch.randn(4, 6), torch.randn(6, 3)
+    entered, done = threading.Event(), threading.Event()
+
+    def other() -> None:
+        entered.wait(5)
+        torch.mm(a, b)  # overrides are installed (the scope below), but this thread's policy names nothing
+        done.set()
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    with xtorch.kernel_policy(policy("matmul", registry=cpu_routing)):
+        entered.set()
+        done.wait(5)
+        assert CALLS["matmul"] == 0
+        torch.mm(a, b)
+        assert CALLS["matmul"] == 1
+    thread.join(5)
