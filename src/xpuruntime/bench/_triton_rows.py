@@ -23,10 +23,13 @@ def randn(*shape: int, dtype: str = "float32", scale: float = 1.0, shift: float 
     return (torch.randn(*shape, device="cuda", dtype=torch.float32) * scale + shift).to(getattr(torch, dtype))
 
 
-def forced(op: str, kernel: str, call: Callable[[], Any]) -> Callable[[], Any]:
-    """`call` under a strict policy naming `kernel` for `op`."""
+def forced(op: str, kernel: str, call: Callable[[], Any], *inputs: Any, **attrs: Any) -> Callable[[], Any]:
+    """`call` itself when automatic selection already picks `kernel` for these inputs (the user's path, no
+    policy scope to pay for), else `call` under a strict policy naming it."""
     import xpuruntime as xrt
 
+    if inputs and xrt.explain(op, *inputs, show=False, **attrs).selected == kernel:
+        return call
     policy = xrt.KernelPolicy(strict=True, **{op: kernel})
 
     def run() -> Any:

@@ -16,7 +16,7 @@ def _sin_affine(compiled: bool) -> Setup:
 
     x = randn(M, N)
     call = lambda: xrt.ops.sin_affine(x, A, B)  # noqa: E731
-    ours = forced("sin_affine", "triton", call)
+    ours = forced("sin_affine", "triton", call, x, A, B)
     eager = lambda: torch.sin(A * x + B)  # noqa: E731
     anchor = torch.compile(eager) if compiled else eager
     return Setup(
@@ -32,7 +32,7 @@ def _sum_rows() -> Setup:
 
     x = randn(M, N, shift=0.5)
     call = lambda: xrt.ops.sum(x, -1)  # noqa: E731
-    ours = forced("sum", "triton", call)
+    ours = forced("sum", "triton", call, x, axis=-1)
     return Setup(
         ours=ours, anchor=lambda: torch.sum(x, -1), bytes=4 * (M * N + M),
         check=lambda: close(ours(), x.double().sum(-1), 1e-5),

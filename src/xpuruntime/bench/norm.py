@@ -8,6 +8,21 @@ from ._triton_rows import alternatives, close, forced, needs_cuda, randn
 M, N = 8192, 4096
 
 
+def _auto_or_forced(step, calls: list) -> object:
+    """`step` as is when auto picks the Triton kernel for every op in it, else under a policy naming them."""
+    import xpuruntime as xrt
+
+    if all(xrt.explain(op, *inputs, show=False, **attrs).selected == "triton" for op, inputs, attrs in calls):
+        return step
+    policy = xrt.KernelPolicy(strict=True, **{op: "triton" for op, _, _ in calls})
+
+    def forced_step() -> object:
+        with xrt.kernel_policy(policy):
+            return step()
+
+    return forced_step
+
+
 def _layer_norm_forward() -> Setup:
     import torch.nn.functional as F
 
@@ -15,7 +30,7 @@ def _layer_norm_forward() -> Setup:
 
     x, w, b = randn(M, N, dtype="bfloat16"), randn(N, dtype="bfloat16"), randn(N, dtype="bfloat16")
     call = lambda: xrt.ops.layer_norm(x, N, w, b)  # noqa: E731
-    ours = forced("layer_norm", "triton", call)
+    ours = forced("layer_norm", "triton", call, x, w, b, normalized_shape=N)
     return Setup(
         ours=ours, anchor=lambda: F.layer_norm(x, (N,), w, b), bytes=2 * (2 * M * N + 2 * N),
         check=lambda: close(ours(), F.layer_norm(x, (N,), w, b), 2e-2),
@@ -32,12 +47,12 @@ def _layer_norm_forward_backward() -> Setup:
     x, w, b, dy = (randn(*s, dtype="bfloat16") for s in ((M, N), (N,), (N,), (M, N)))
     xr, wr, br = (t.clone().requires_grad_() for t in (x, w, b))
 
-    policy = xrt.KernelPolicy(layer_norm="triton", layer_norm_backward="triton", strict=True)  # built once
+    def step() -> object:
+        y = xrt.ops.layer_norm(x, N, w, b)
+        return y, xrt.ops.layer_norm_backward(dy, x, N, w)
 
-    def ours() -> object:
-        with xrt.kernel_policy(policy):
-            y = xrt.ops.layer_norm(x, N, w, b)
-            return y, xrt.ops.layer_norm_backward(dy, x, N, w)
+    ours = _auto_or_forced(step, [("layer_norm", (x, w, b), {"normalized_shape": N}),
+                                  ("layer_norm_backward", (dy, x, w), {"normalized_shape": N})])  # fmt: skip
 
     def anchor() -> object:
         y = F.layer_norm(xr, (N,), wr, br)
@@ -58,7 +73,7 @@ def _rms_norm_forward() -> Setup:
 
     x, w = randn(M, N, dtype="bfloat16"), randn(N, dtype="bfloat16")
     call = lambda: xrt.ops.rms_norm(x, N, w, 1e-6)  # noqa: E731
-    ours = forced("rms_norm", "triton", call)
+    ours = forced("rms_norm", "triton", call, x, w, normalized_shape=N, eps=1e-6)
     return Setup(
         ours=ours, anchor=lambda: F.rms_norm(x, (N,), w, 1e-6), bytes=2 * (2 * M * N + N),
         check=lambda: close(ours(), F.rms_norm(x, (N,), w, 1e-6), 2e-2),
@@ -75,11 +90,11 @@ def _rms_norm_forward_backward() -> Setup:
     x, w, dy = (randn(*s, dtype="bfloat16") for s in ((M, N), (N,), (M, N)))
     xr, wr = (t.clone().requires_grad_() for t in (x, w))
 
-    policy = xrt.KernelPolicy(rms_norm="triton", rms_norm_backward="triton", strict=True)  # built once
+    def step() -> object:
+        return xrt.ops.rms_norm(x, N, w, 1e-6), xrt.ops.rms_norm_backward(dy, x, N, w, 1e-6)
 
-    def ours() -> object:
-        with xrt.kernel_policy(policy):
-            return xrt.ops.rms_norm(x, N, w, 1e-6), xrt.ops.rms_norm_backward(dy, x, N, w, 1e-6)
+    ours = _auto_or_forced(step, [("rms_norm", (x, w), {"normalized_shape": N, "eps": 1e-6}),
+                                  ("rms_norm_backward", (dy, x, w), {"normalized_shape": N, "eps": 1e-6})])  # fmt: skip
 
     def anchor() -> object:
         y = F.rms_norm(xr, (N,), wr, 1e-6)

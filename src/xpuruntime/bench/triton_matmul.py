@@ -34,7 +34,7 @@ def _gemv(column: bool) -> Setup:
     w, v = randn(G, G, dtype="bfloat16"), randn(G, dtype="bfloat16")
     dst = torch.empty_like(w)
     call = (lambda: xrt.ops.matmul(w, v)) if column else (lambda: xrt.ops.matmul(v, w))
-    ours = forced("matmul", "triton_gemv" if column else "triton_gemv_t", call)
+    ours = forced("matmul", "triton_gemv" if column else "triton_gemv_t", call, *((w, v) if column else (v, w)))
     reference = (lambda: torch.mv(w, v)) if column else (lambda: v @ w)
     return Setup(
         ours=ours, anchor=lambda: dst.copy_(w), bytes=2 * (G * G + 2 * G), anchor_bytes=2 * 2 * G * G,
@@ -50,7 +50,7 @@ def _gemv_vs_cublas() -> Setup:
     import xpuruntime as xrt
 
     w, v = randn(G, G, dtype="bfloat16"), randn(G, dtype="bfloat16")
-    ours = forced("matmul", "triton_gemv", lambda: xrt.ops.matmul(w, v))
+    ours = forced("matmul", "triton_gemv", lambda: xrt.ops.matmul(w, v), w, v)
     return Setup(ours=ours, anchor=lambda: torch.mv(w, v), bytes=2 * (G * G + 2 * G))
 
 

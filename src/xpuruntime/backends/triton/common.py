@@ -115,6 +115,16 @@ def numpy_or_torch_empty(shape: tuple[int, ...], dtype: str, device: str) -> Any
 # constexprs and options, each tensor's dtype and 16-byte alignment, each int's ==1 / %16 / 64-bit.
 
 _COMPILED: dict[tuple, tuple[Any, tuple]] = {}
+_RUNTIME: list = []  # [triton.knobs.runtime, current-device function, current-stream function], bound once
+
+
+def _runtime() -> list:
+    if not _RUNTIME:
+        from triton import knobs
+        from triton.runtime import driver
+
+        _RUNTIME.extend((knobs.runtime, driver.active.get_current_device, driver.active.get_current_stream))
+    return _RUNTIME
 
 
 def _spec(value: Any) -> Any:
@@ -135,10 +145,8 @@ def launch(fn: Any, grid: tuple[int, ...], *args: Any, num_warps: int = 4, num_s
     if INTERPRET:
         fn[grid](*args, **options, **constexprs)
         return
-    from triton import knobs
-    from triton.runtime import driver
-
-    hooked = knobs.runtime.launch_enter_hook is not None or knobs.runtime.launch_exit_hook is not None
+    runtime, current_device, current_stream = _RUNTIME or _runtime()
+    hooked = runtime.launch_enter_hook is not None or runtime.launch_exit_hook is not None
     key = (fn, num_warps, num_stages, tuple(constexprs.items()), tuple(map(_spec, args)))
     entry = None if hooked else _COMPILED.get(key)
     if entry is None:
@@ -150,5 +158,5 @@ def launch(fn: Any, grid: tuple[int, ...], *args: Any, num_warps: int = 4, num_s
     kernel, tail = entry
     g1 = grid[1] if len(grid) > 1 else 1
     g2 = grid[2] if len(grid) > 2 else 1
-    stream = driver.active.get_current_stream(driver.active.get_current_device())
+    stream = current_stream(current_device())
     kernel.run(grid[0], g1, g2, stream, kernel.function, kernel.packed_metadata, None, None, None, *args, *tail)
