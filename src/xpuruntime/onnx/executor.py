@@ -82,6 +82,10 @@ class ExecutionPlan:
             self.lock.release()
 
     def _run(self, template: list, feeds: list[np.ndarray], profiling: bool) -> list[Any]:
+        with np.errstate(all="ignore"):  # inf/NaN follow IEEE rules silently, as in onnxruntime
+            return self._steps(template, feeds, profiling)
+
+    def _steps(self, template: list, feeds: list[np.ndarray], profiling: bool) -> list[Any]:
         env = template.copy()
         for slot, array in zip(self.input_slots, feeds):
             env[slot] = array
@@ -136,6 +140,10 @@ class Planner:
         self.reuse_memory = reuse_memory
 
     def build(self, feeds: dict[str, np.ndarray]) -> tuple[ExecutionPlan, list[Any]]:
+        with np.errstate(all="ignore"):
+            return self._build(feeds)
+
+    def _build(self, feeds: dict[str, np.ndarray]) -> tuple[ExecutionPlan, list[Any]]:
         graph = self.graph
         slots: dict[str, int] = {"": 0}
         values: list[Any] = [None]
