@@ -218,9 +218,11 @@ def main() -> None:
             return f"{r[key]:.3f}" if r.get(key) else "-"
 
         ratio = f"{r['speedup_vs_compile_reduce-overhead']:.2f}" if r.get("speedup_vs_compile_reduce-overhead") else "-"
+        eager = f"{r['speedup_vs_eager']:.2f}" if r.get("speedup_vs_eager") else "-"
+        note = r.get("cuda_graph", "ERROR: " + r.get("error", "?").strip().splitlines()[-1])
         print(f"{r['dtype']:8} {r['B']:>3} {r['S']:>4} {ms('eager_ms'):>8} {ms('ours_ms'):>8} "
-              f"{r['speedup_vs_eager']:>8.2f} {ms('compile_default_ms'):>8} {ms('compile_reduce-overhead_ms'):>8} "
-              f"{ratio:>6}  {r['cuda_graph'][:40]}")  # fmt: skip
+              f"{eager:>8} {ms('compile_default_ms'):>8} {ms('compile_reduce-overhead_ms'):>8} "
+              f"{ratio:>6}  {note[:60]}")  # fmt: skip
     print(f"total {time.time() - START:.0f} s; errors: {len(results.get('errors', []))}")
 
 
