@@ -202,7 +202,7 @@ def test_explain_attention_per_shape_dtypes(capsys: pytest.CaptureFixture[str]) 
          "argument 'b' expected dtype float32"),
         (["matmul", "--shape", "4", "--shape", "4", "--dtype", "f4", "--dtype", "f4", "--dtype", "f4"],
          "one --dtype for all shapes or one per --shape"),
-        (["matmul", "--shape", "4x4", "--shape", "4x4", "--policy", "matmul=cublaslt"], "Known: blocked, gemv"),
+        (["matmul", "--shape", "4x4", "--shape", "4x4", "--policy", "matmul=cublaslt"], "Did you mean 'cublasLt'?"),
         (["softmax", "--shape", "3x4", "--attr", "bogus=1"], "unknown attribute(s) ['bogus']"),
         (["softmax", "--shape", "3x4", "--attr", "axis"], "bad --attr 'axis'"),
         (["soft_max", "--shape", "3x4"], "Did you mean 'softmax'?"),
