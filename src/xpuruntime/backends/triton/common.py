@@ -112,7 +112,7 @@ def numpy_or_torch_empty(shape: tuple[int, ...], dtype: str, device: str) -> Any
 # Triton's own launch path binds and specializes every argument in Python on each call (tens of µs on
 # a slow host, more than a 50 µs kernel). After the first launch of a specialization we keep the
 # compiled kernel and call its launcher directly. The key holds everything Triton specializes on: the
-# constexprs and options, each tensor's dtype and 16-byte alignment, each int's ==1 / %16 / 64-bit.
+# device, the constexprs and options, each tensor's dtype and 16-byte alignment, each int's ==1 / %16 / 64-bit.
 
 _COMPILED: dict[tuple, tuple[Any, tuple]] = {}
 _RUNTIME: list = []  # [triton.knobs.runtime, current-device function, current-stream function], bound once
@@ -147,7 +147,8 @@ def launch(fn: Any, grid: tuple[int, ...], *args: Any, num_warps: int = 4, num_s
         return
     runtime, current_device, current_stream = _RUNTIME or _runtime()
     hooked = runtime.launch_enter_hook is not None or runtime.launch_exit_hook is not None
-    key = (fn, num_warps, num_stages, tuple(constexprs.items()), tuple(map(_spec, args)))
+    device = current_device()  # a compiled kernel is loaded per device
+    key = (fn, device, num_warps, num_stages, tuple(constexprs.items()), tuple(map(_spec, args)))
     entry = None if hooked else _COMPILED.get(key)
     if entry is None:
         kernel = fn[grid](*args, **options, **constexprs)
@@ -158,5 +159,5 @@ def launch(fn: Any, grid: tuple[int, ...], *args: Any, num_warps: int = 4, num_s
     kernel, tail = entry
     g1 = grid[1] if len(grid) > 1 else 1
     g2 = grid[2] if len(grid) > 2 else 1
-    stream = current_stream(current_device())
+    stream = current_stream(device)
     kernel.run(grid[0], g1, g2, stream, kernel.function, kernel.packed_metadata, None, None, None, *args, *tail)
