@@ -417,3 +417,51 @@ def test_fused_elementwise_generates_one_kernel_per_program() -> None:
     assert fused_kernel(program, 1) is not fused_kernel(program, 2)
     source = kernel_source(program, 1)
     assert source.count("tl.store") == 2 and "t1 = " in source and "t2 = " not in source
+
+
+# -- property tests (interpreter: tiny random shapes, many of them) ---------------------------------
+
+if INTERPRET:
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    _SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+    _SHAPES = st.lists(st.integers(0, 6), min_size=1, max_size=4).map(tuple)
+
+    @_SETTINGS
+    @given(shape=_SHAPES, data=st.data())
+    def test_sum_matches_reference_for_any_axes(shape: tuple[int, ...], data: st.DataObject) -> None:
+        ndim = len(shape)
+        axes = data.draw(st.none() | st.lists(st.integers(0, ndim - 1), unique=True, max_size=ndim).map(tuple))
+        keepdims = data.draw(st.booleans())
+        x = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1))).standard_normal(shape).astype(np.float32)
+        if data.draw(st.booleans()) and ndim >= 2:
+            x = np.swapaxes(x, 0, -1)  # a strided view
+        ref = sum_reference(x, axes, keepdims)
+        out = poisoned(ref.shape, "float32")
+        with strict(sum="triton"):
+            xrt.ops.sum(x, axes, keepdims, out=out)
+        assert_close(out, ref, "float32", tol=2e-5)
+
+    _OPS = st.sampled_from(["add", "mul", "sub", "max", "sin", "tanh", "sigmoid", "relu", "abs"])
+
+    @_SETTINGS
+    @given(shape=_SHAPES, data=st.data())
+    def test_fused_elementwise_random_programs_with_broadcasting(shape: tuple[int, ...], data: st.DataObject) -> None:
+        from xpuruntime.ops.fused_elementwise import BINARY, fused_elementwise, reference
+
+        other = tuple(d if data.draw(st.booleans()) else 1 for d in shape)[data.draw(st.integers(0, len(shape))) :]
+        rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+        inputs = [rng.standard_normal(shape).astype(np.float32), rng.standard_normal(other).astype(np.float32)]
+        program = []
+        for index in range(data.draw(st.integers(1, 4))):
+            name = data.draw(_OPS)
+            refs = [("in", 0), ("in", 1), ("c", 0.5)] + [("t", j) for j in range(index)]
+            args = [data.draw(st.sampled_from(refs)) for _ in range(2 if name in BINARY else 1)]
+            program.append((name, *args))
+        program = tuple(program)
+        ref = reference(*inputs, program=program)
+        out = poisoned(ref.shape, "float32")
+        with strict(fused_elementwise="triton"):
+            fused_elementwise(program, *inputs, out=out)
+        assert_close(out, ref, "float32")
