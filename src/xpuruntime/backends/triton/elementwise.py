@@ -209,12 +209,12 @@ def _relu(x):
 
 @triton.jit
 def _max(x, y):
-    return tl.where((x != x) | (y != y), x + y, tl.maximum(x, y))
+    return tl.where(x != x, x, tl.where(y != y, y, tl.maximum(x, y)))  # NaN propagates, as np.maximum
 
 
 @triton.jit
 def _min(x, y):
-    return tl.where((x != x) | (y != y), x + y, tl.minimum(x, y))
+    return tl.where(x != x, x, tl.where(y != y, y, tl.minimum(x, y)))
 
 
 @triton.jit
@@ -243,8 +243,9 @@ def _pow(x, y):
         magnitude = tl.exp2(y * tl.log2(tl.abs(x)))
         odd = (tl.abs(y) % 2.0) == 1.0
         integral = y == tl.floor(y)
-        signed = tl.where((x < 0) & odd, -magnitude, magnitude)
-        result = tl.where((x < 0) & ~integral, float("nan"), signed)
+        negative = x < 0  # nested selects, not &: the interpreter cannot combine a splat mask with a block one
+        signed = tl.where(negative, tl.where(odd, -magnitude, magnitude), magnitude)
+        result = tl.where(negative, tl.where(integral, signed, float("nan")), signed)
         return tl.where(y == 0.0, 1.0, result)
 
 
