@@ -7,7 +7,6 @@ torch tensors) and is explicit-only, so it runs only where a policy names one of
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 try:
@@ -17,6 +16,7 @@ except ImportError as exc:  # the registry records the backend as missing with t
     raise ImportError(f"the triton backend needs PyTorch and Triton: {exc}") from exc
 
 from ...registry import Backend
+from ...runtime.streams import current_stream
 from .common import INTERPRET, numpy_or_torch_empty
 
 
@@ -30,17 +30,6 @@ def _probe() -> str | None:
 
 def _empty(shape: tuple[int, ...], dtype: str, device: str, stream: Any = None) -> Any:
     return numpy_or_torch_empty(shape, dtype, device)
-
-
-@functools.lru_cache(maxsize=64)
-def _torch_device(device: str) -> Any:
-    return torch.device(device)
-
-
-def _current_stream(device: str) -> Any:
-    if device.startswith("cuda"):
-        return torch.cuda.current_stream(_torch_device(device))
-    return None
 
 
 def _synchronize(device: str, stream: Any) -> None:
@@ -63,7 +52,7 @@ BACKEND = Backend(
     device_type="cpu" if INTERPRET else "cuda",
     empty=_empty,
     probe=_probe,
-    current_stream=_current_stream,
+    current_stream=current_stream,
     synchronize=_synchronize,
     record_event=_record_event,
     explicit_only=INTERPRET,
