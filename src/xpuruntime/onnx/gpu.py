@@ -8,6 +8,7 @@ the plan is made; shape parameters (Reshape targets, axes, Slice bounds) stay on
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 from collections.abc import Callable
@@ -509,7 +510,8 @@ class _Entry:
             self.graph, self.note = graph, "CUDA graph captured"
         except Exception as exc:  # capture is an optimization: run eagerly and say why
             self.graph, self.note = None, f"CUDA graph capture failed ({type(exc).__name__}: {str(exc)[:200]}); eager"
-            torch.cuda.synchronize()
+            with contextlib.suppress(Exception):  # a broken capture may leave an error behind on the stream
+                torch.cuda.synchronize()
 
     def run(self, feeds: list[Any]) -> list:
         if self.graph is None:
