@@ -297,6 +297,90 @@ def _builders() -> dict[str, Callable[[Node, int], Callable]]:
         fill = np.zeros(1, np.float32) if value is None else np.asarray(value).reshape(-1)
         return lambda shape: torch.full(_ints(shape), fill[0].item(), dtype=_torch_dtype(fill.dtype.name))
 
+    def activation(fn: Callable) -> Callable[[Node, int], Callable]:
+        return lambda node, opset: lambda x, a=node.attrs: fn(x, a)
+
+    for name, fn in {
+        "LeakyRelu": lambda x, a: F.leaky_relu(x, a.get("alpha", 0.01)),
+        "Elu": lambda x, a: F.elu(x, a.get("alpha", 1.0)),
+        "Celu": lambda x, a: F.celu(x, a.get("alpha", 1.0)),
+        "Selu": lambda x, a: a.get("gamma", 1.0507009873554805) * torch.where(
+            x > 0, x, a.get("alpha", 1.6732632423543772) * torch.expm1(x)),
+        "Softplus": lambda x, a: F.softplus(x), "Softsign": lambda x, a: F.softsign(x),
+        "HardSigmoid": lambda x, a: torch.clamp(a.get("alpha", 0.2) * x + a.get("beta", 0.5), 0, 1),
+        "HardSwish": lambda x, a: x * torch.clamp(x / 6 + 0.5, 0, 1),
+        "ThresholdedRelu": lambda x, a: torch.where(x > a.get("alpha", 1.0), x, torch.zeros_like(x)),
+        "Round": lambda x, a: torch.round(x),
+    }.items():  # fmt: skip
+        ops[name] = activation(fn)
+
+    def prelu(node: Node, opset: int) -> Callable:
+        return lambda x, slope: torch.where(x < 0, x * slope, x)
+
+    def mod(node: Node, opset: int) -> Callable:
+        return lambda a, b: torch.fmod(a, b) if node.attrs.get("fmod", 0) else torch.remainder(a, b)
+
+    def sum_mean(node: Node, opset: int) -> Callable:
+        def run(*xs: Any) -> Any:
+            total = xs[0]
+            for x in xs[1:]:
+                total = total + x
+            return (total / len(xs)).to(xs[0].dtype) if node.op == "Mean" else total
+
+        return run
+
+    def arg(node: Node, opset: int) -> Callable:
+        axis, keepdims = node.attrs.get("axis", 0), bool(node.attrs.get("keepdims", 1))
+        last, fn = bool(node.attrs.get("select_last_index", 0)), torch.argmax if node.op == "ArgMax" else torch.argmin
+
+        def run(x: Any) -> Any:
+            ax = axis % x.dim()
+            if last:
+                return x.shape[ax] - 1 - fn(torch.flip(x, (ax,)), dim=ax, keepdim=keepdims)
+            return fn(x, dim=ax, keepdim=keepdims)
+
+        return run
+
+    def cumsum(node: Node, opset: int) -> Callable:
+        exclusive, reverse = bool(node.attrs.get("exclusive", 0)), bool(node.attrs.get("reverse", 0))
+
+        def run(x: Any, axis: Any) -> Any:
+            ax = _ints(axis)[0] % x.dim()
+            y = torch.flip(x, (ax,)) if reverse else x
+            out = torch.cumsum(y, dim=ax).to(x.dtype)
+            if exclusive:
+                out = torch.cat([torch.zeros_like(out.narrow(ax, 0, 1)), out.narrow(ax, 0, out.shape[ax] - 1)], dim=ax)
+            return torch.flip(out, (ax,)) if reverse else out
+
+        return run
+
+    def trilu(node: Node, opset: int) -> Callable:
+        upper = bool(node.attrs.get("upper", 1))
+
+        def run(x: Any, k: Any = None) -> Any:
+            diagonal = 0 if k is None else _ints(k)[0]
+            return torch.triu(x, diagonal) if upper else torch.tril(x, diagonal)
+
+        return run
+
+    def gather_elements(node: Node, opset: int) -> Callable:
+        axis = node.attrs.get("axis", 0)
+
+        def run(x: Any, indices: Any) -> Any:
+            ax = axis % x.dim()
+            idx = indices.long()
+            return torch.gather(x, ax, torch.where(idx < 0, idx + x.shape[ax], idx))
+
+        return run
+
+    def einsum(node: Node, opset: int) -> Callable:
+        equation = node.attrs["equation"].replace(" ", "")
+        return lambda *xs: torch.einsum(equation, *xs)
+
+    ops.update(
+        PRelu=prelu, Mod=mod, Sum=sum_mean, Mean=sum_mean, ArgMax=arg, ArgMin=arg, CumSum=cumsum, Trilu=trilu,
+        GatherElements=gather_elements, Einsum=einsum,
+    )  # fmt: skip
     ops.update(
         Div=div, Pow=power, Max=max_min, Min=max_min, Gelu=gelu, Cast=cast, Clip=clip, Gemm=gemm, Softmax=softmax,
         LogSoftmax=softmax, LayerNormalization=layer_norm, ReduceSum=reduce, ReduceMean=reduce, ReduceMax=reduce,

@@ -450,4 +450,120 @@ def _constant_of_shape(node: Node, opset: int) -> Fn:
     return run
 
 
+# -- more activations and ops real models use ----------------------------------------------------------
+def _activation(fn: Callable[[np.ndarray, dict], np.ndarray]) -> Builder:
+    def build(node: Node, opset: int) -> Fn:
+        attrs = node.attrs
+        return lambda x: np.asarray(fn(x, attrs)).astype(x.dtype, copy=False)
+
+    return build
+
+
+OPS.update(
+    LeakyRelu=_activation(lambda x, a: np.where(x >= 0, x, x * a.get("alpha", 0.01))),
+    Elu=_activation(lambda x, a: np.where(x > 0, x, a.get("alpha", 1.0) * np.expm1(x))),
+    Celu=_activation(
+        lambda x, a: np.maximum(x, 0) + np.minimum(0, a.get("alpha", 1.0) * np.expm1(x / a.get("alpha", 1.0)))
+    ),
+    Selu=_activation(lambda x, a: a.get("gamma", 1.0507009873554805) * np.where(
+        x > 0, x, a.get("alpha", 1.6732632423543772) * np.expm1(x))),
+    Softplus=_activation(lambda x, a: np.logaddexp(0, x)),
+    Softsign=_activation(lambda x, a: x / (1 + np.abs(x))),
+    HardSigmoid=_activation(lambda x, a: np.clip(a.get("alpha", 0.2) * x + a.get("beta", 0.5), 0, 1)),
+    HardSwish=_activation(lambda x, a: x * np.clip(x / 6 + 0.5, 0, 1)),
+    ThresholdedRelu=_activation(lambda x, a: np.where(x > a.get("alpha", 1.0), x, 0)),
+    Round=_activation(lambda x, a: np.round(x)),
+)  # fmt: skip
+
+
+@op("PRelu")
+def _prelu(node: Node, opset: int) -> Fn:
+    return lambda x, slope: np.where(x < 0, x * slope, x).astype(x.dtype, copy=False)
+
+
+@op("Mod")
+def _mod(node: Node, opset: int) -> Fn:
+    fmod = bool(node.attrs.get("fmod", 0))
+    return lambda a, b: (np.fmod(a, b) if fmod else np.mod(a, b)).astype(a.dtype, copy=False)
+
+
+@op("Sum", "Mean")
+def _sum_mean(node: Node, opset: int) -> Fn:
+    mean = node.op == "Mean"
+
+    def run(*xs: np.ndarray) -> np.ndarray:
+        total = xs[0]
+        for x in xs[1:]:
+            total = total + x
+        return np.asarray(total / len(xs) if mean else total).astype(xs[0].dtype, copy=False)
+
+    return run
+
+
+@op("ArgMax", "ArgMin")
+def _arg(node: Node, opset: int) -> Fn:
+    axis, keepdims = node.attrs.get("axis", 0), bool(node.attrs.get("keepdims", 1))
+    last = bool(node.attrs.get("select_last_index", 0))
+    fn = np.argmax if node.op == "ArgMax" else np.argmin
+
+    def run(x: np.ndarray) -> np.ndarray:
+        ax = _axis(node.op, axis, x.ndim)
+        if last:
+            flipped = np.flip(x, ax)
+            result = x.shape[ax] - 1 - fn(flipped, axis=ax, keepdims=keepdims)
+        else:
+            result = fn(x, axis=ax, keepdims=keepdims)
+        return np.asarray(result, np.int64)
+
+    return run
+
+
+@op("CumSum")
+def _cumsum(node: Node, opset: int) -> Fn:
+    exclusive, reverse = bool(node.attrs.get("exclusive", 0)), bool(node.attrs.get("reverse", 0))
+
+    def run(x: np.ndarray, axis: np.ndarray) -> np.ndarray:
+        ax = _axis("CumSum", int(np.asarray(axis).reshape(-1)[0]), x.ndim)
+        y = np.flip(x, ax) if reverse else x
+        out = np.cumsum(y, axis=ax, dtype=x.dtype)
+        if exclusive:
+            out = np.concatenate(
+                [np.zeros_like(np.take(out, [0], axis=ax)), np.take(out, range(out.shape[ax] - 1), axis=ax)], axis=ax
+            )
+        return np.flip(out, ax) if reverse else out
+
+    return run
+
+
+@op("Trilu")
+def _trilu(node: Node, opset: int) -> Fn:
+    upper = bool(node.attrs.get("upper", 1))
+
+    def run(x: np.ndarray, k: np.ndarray | None = None) -> np.ndarray:
+        diagonal = 0 if k is None else int(np.asarray(k).reshape(-1)[0])
+        return np.triu(x, diagonal) if upper else np.tril(x, diagonal)
+
+    return run
+
+
+@op("GatherElements")
+def _gather_elements(node: Node, opset: int) -> Fn:
+    axis = node.attrs.get("axis", 0)
+
+    def run(x: np.ndarray, indices: np.ndarray) -> np.ndarray:
+        ax = _axis("GatherElements", axis, x.ndim)
+        dim = x.shape[ax]
+        if indices.size and (indices.min() < -dim or indices.max() >= dim):
+            raise ArgumentError(f"GatherElements: indices outside [-{dim}, {dim}) on axis {axis}")
+        return np.take_along_axis(x, np.where(indices < 0, indices + dim, indices), axis=ax)
+
+    return run
+
+
+@op("Einsum")
+def _einsum(node: Node, opset: int) -> Fn:
+    equation = node.attrs["equation"].replace(" ", "")
+    return lambda *xs: np.asarray(np.einsum(equation, *xs)).astype(xs[0].dtype, copy=False)
+
+
 SUPPORTED = frozenset(OPS) | {"Constant"}  # Constant nodes become initializers when the model is loaded
