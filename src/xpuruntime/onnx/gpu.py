@@ -163,7 +163,14 @@ def _builders() -> dict[str, Callable[[Node, int], Callable]]:
         keepdims, noop = bool(node.attrs.get("keepdims", 1)), bool(node.attrs.get("noop_with_empty_axes", 0))
         attr_axes = node.attrs.get("axes")
         as_input = opset >= (13 if node.op == "ReduceSum" else 18)
-        fn = {"ReduceSum": torch.sum, "ReduceMean": torch.mean, "ReduceProd": torch.prod}.get(node.op)
+        fn = {
+            "ReduceSum": torch.sum, "ReduceMean": torch.mean, "ReduceProd": torch.prod,
+            "ReduceL1": lambda x, dim, keepdim: torch.sum(x.abs(), dim=dim, keepdim=keepdim),
+            "ReduceL2": lambda x, dim, keepdim: torch.sqrt(torch.sum(x * x, dim=dim, keepdim=keepdim).double()),
+            "ReduceSumSquare": lambda x, dim, keepdim: torch.sum(x * x, dim=dim, keepdim=keepdim),
+            "ReduceLogSum": lambda x, dim, keepdim: torch.log(torch.sum(x, dim=dim, keepdim=keepdim).double()),
+            "ReduceLogSumExp": lambda x, dim, keepdim: torch.logsumexp(x.double(), dim=dim, keepdim=keepdim),
+        }.get(node.op)  # fmt: skip
 
         def run(x: Any, axes: Any = None) -> Any:
             raw = _ints(axes) if as_input else list(attr_axes or [])
@@ -384,6 +391,7 @@ def _builders() -> dict[str, Callable[[Node, int], Callable]]:
     ops.update(
         Div=div, Pow=power, Max=max_min, Min=max_min, Gelu=gelu, Cast=cast, Clip=clip, Gemm=gemm, Softmax=softmax,
         LogSoftmax=softmax, LayerNormalization=layer_norm, ReduceSum=reduce, ReduceMean=reduce, ReduceMax=reduce,
+        ReduceL1=reduce, ReduceL2=reduce, ReduceSumSquare=reduce, ReduceLogSum=reduce, ReduceLogSumExp=reduce,
         ReduceMin=reduce, ReduceProd=reduce, Reshape=reshape, Flatten=flatten, Transpose=transpose, Squeeze=squeeze,
         Unsqueeze=unsqueeze, Concat=concat, Split=split, Slice=slice_, Gather=gather, Expand=expand, Tile=tile,
         Range=range_, ConstantOfShape=constant_of_shape,

@@ -264,6 +264,11 @@ def _highest(dtype: np.dtype) -> Any:
 OPS.update(
     ReduceSum=_reduce(np.sum, None), ReduceMean=_reduce(np.mean, lambda d: np.nan),
     ReduceMax=_reduce(np.max, _lowest), ReduceMin=_reduce(np.min, _highest), ReduceProd=_reduce(np.prod, None),
+    ReduceL1=_reduce(lambda x, **k: np.sum(np.abs(x), **k), None),
+    ReduceL2=_reduce(lambda x, **k: np.sqrt(np.sum(np.square(x), **k)), None),
+    ReduceSumSquare=_reduce(lambda x, **k: np.sum(np.square(x), **k), None),
+    ReduceLogSum=_reduce(lambda x, **k: np.log(np.sum(x, **k)), None),
+    ReduceLogSumExp=_reduce(lambda x, **k: np.log(np.sum(np.exp(x.astype(np.float64)), **k)), None),
 )  # fmt: skip
 
 
