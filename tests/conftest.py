@@ -29,8 +29,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def clean_runtime_state(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.delenv(policy.ENV_POLICY, raising=False)
     monkeypatch.delenv(policy.ENV_POLICY_FILE, raising=False)
-    monkeypatch.setattr(policy, "_environment_read", False)  # re-read the (now clean) environment
     xrt.clear_kernel_policy()
+    policy.forget_environment()  # the environment is read again, lazily, at the test's first dispatch
     yield
     xrt.clear_kernel_policy()
     xrt.disable_dispatch_logging()

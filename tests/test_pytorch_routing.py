@@ -46,6 +46,19 @@ def test_set_and_clear_install_and_remove(cpu_routing):
     assert not _python_kernel_at("mm", "CPU")
 
 
+def test_the_core_policy_functions_install_and_remove_too(cpu_routing):
+    """One store: `xrt.set_kernel_policy` / `xrt.kernel_policy` steer aten exactly as the torch front end's."""
+    assert xtorch.set_kernel_policy is xrt.set_kernel_policy and xtorch.kernel_policy is xrt.kernel_policy
+    xrt.set_kernel_policy(policy("matmul", registry=cpu_routing))
+    assert set(xtorch.installed_overrides()) == {"matmul"} and _python_kernel_at("mm", "CPU")
+    with xrt.kernel_policy(policy("layer_norm", registry=cpu_routing)):
+        # process-wide overrides: other threads still follow the process policy, which names matmul
+        assert set(xtorch.installed_overrides()) == {"layer_norm", "matmul"}
+    assert set(xtorch.installed_overrides()) == {"matmul"}
+    xrt.clear_kernel_policy()
+    assert xtorch.installed_overrides() == {} and not _python_kernel_at("mm", "CPU")
+
+
 def test_scoped_policy_installs_only_inside(cpu_routing):
     with xtorch.kernel_policy(policy("layer_norm", registry=cpu_routing)):
         assert set(xtorch.installed_overrides()) == {"layer_norm"}

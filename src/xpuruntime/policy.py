@@ -19,7 +19,7 @@ import weakref
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .abi import MathMode, SyncPolicy
 from .errors import PolicyError, UnknownOpError, XpuRuntimeError, clip, cut, unknown_name
@@ -343,6 +343,14 @@ def environment_policy(reload: bool = False) -> KernelPolicy | None:
     return _environment
 
 
+def forget_environment() -> None:
+    """Read XPURUNTIME_POLICY / XPURUNTIME_POLICY_FILE again at the next use (after changing os.environ)."""
+    global _environment_read
+    with _process_lock:
+        _environment_read = False
+        _process.resolved = None
+
+
 def empty_policy() -> KernelPolicy:
     global _EMPTY
     if _EMPTY is None:
@@ -364,11 +372,35 @@ def current_policy() -> KernelPolicy:
     return _scoped.get() or _process.resolved or process_policy()
 
 
+class PolicyListener(Protocol):
+    """Told about every policy change (the PyTorch front end installs and removes aten overrides)."""
+
+    def process_policy_changed(self) -> None: ...
+    def scope_entered(self, policy: KernelPolicy) -> None: ...
+    def scope_exited(self, policy: KernelPolicy) -> None: ...
+
+
+_listeners: list[PolicyListener] = []
+
+
+def add_policy_listener(listener: PolicyListener) -> None:
+    """Hear every `set_kernel_policy` / `clear_kernel_policy` and every scoped block's entry and exit."""
+    if listener not in _listeners:
+        _listeners.append(listener)
+
+
+def remove_policy_listener(listener: PolicyListener) -> None:
+    if listener in _listeners:
+        _listeners.remove(listener)
+
+
 def set_kernel_policy(policy: KernelPolicy | str | Mapping | None = None, **prefs: Any) -> None:
     """Set the process-wide policy: `set_kernel_policy(matmul="cublasLt")`; no arguments clears it."""
     new = as_policy(policy, prefs)
     with _process_lock:
         _process.explicit, _process.resolved = new, None
+    for listener in list(_listeners):
+        listener.process_policy_changed()
 
 
 def get_kernel_policy() -> KernelPolicy:
@@ -405,7 +437,13 @@ def kernel_policy(policy: KernelPolicy | str | Mapping | None = None, **prefs: A
             validate=False,
         )
     token = _scoped.set(scoped)
+    entered: list[PolicyListener] = []
     try:
+        for listener in list(_listeners):
+            listener.scope_entered(scoped)
+            entered.append(listener)
         yield scoped
     finally:
+        for listener in reversed(entered):
+            listener.scope_exited(scoped)
         _scoped.reset(token)
