@@ -43,7 +43,6 @@ def models() -> list[tuple[str, bytes, callable]]:
     try:
         sys.path.insert(0, os.path.dirname(__file__))
         import torch
-
         from inference_gpu import Encoder, export, feed
 
         torch.manual_seed(0)
@@ -69,8 +68,8 @@ def main() -> None:
             repeats = 30 if batch == 1 else 10
             ours, theirs = [], []
             for _ in range(3):  # interleaved rounds: both see the same machine load
-                theirs.append(timed(lambda: reference.run(None, feed), repeats))
-                ours.append(timed(lambda: session.run(None, feed), repeats))
+                theirs.append(timed(lambda r=reference, f=feed: r.run(None, f), repeats))
+                ours.append(timed(lambda s=session, f=feed: s.run(None, f), repeats))
             ort_cpu, ort_wall = min(t[0] for t in theirs), min(t[1] for t in theirs)
             xrt_cpu, xrt_wall = min(t[0] for t in ours), min(t[1] for t in ours)
             row = {"model": name, "batch": batch, "seq": seq, "threads": threads, "max_abs_err": err,
