@@ -18,7 +18,8 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "ops": "xpuruntime.ops",
-    "InferenceSession": "xpuruntime.onnx", "SessionOptions": "xpuruntime.onnx",  # the ONNX front end
+    "InferenceSession": "xpuruntime.onnx",
+    "SessionOptions": "xpuruntime.onnx",  # the ONNX front end
     # policy
     "KernelPolicy": "xpuruntime.policy",
     "set_kernel_policy": "xpuruntime.policy",
