@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ...abi import ArgPack
 from ...registry import kernel
-from .common import CPU_FLOAT_DTYPES, as_compute
+from .common import CPU_FLOAT_DTYPES, as_compute, compute_dtype
+
+_vecdot = getattr(np, "vecdot", None)  # NumPy >= 2.0: a row-wise dot product in one pass
 
 
 def _axes(x: np.ndarray, normalized_shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -18,19 +22,39 @@ def _affine_into(out: np.ndarray, y: np.ndarray, weight: np.ndarray | None, bias
         y *= as_compute(weight)
     if bias is not None:
         y += as_compute(bias)
-    np.copyto(out, y, casting="same_kind")
+    if y is not out:
+        np.copyto(out, y, casting="same_kind")
+
+
+def _sum_of_squares(y: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
+    """Sum of y*y over `axes` (kept): one pass over the last axis where NumPy has vecdot."""
+    if len(axes) == 1 and _vecdot is not None:
+        return _vecdot(y, y)[..., None]
+    return np.add.reduce(np.square(y), axis=axes, keepdims=True)
 
 
 @kernel("layer_norm", "numpy", backend="cpu", dtypes=CPU_FLOAT_DTYPES, priority=10)
 def layer_norm_numpy(args: ArgPack) -> None:
-    """Mean, then variance of the centered values (no E[x^2]-E[x]^2 cancellation). In-place safe."""
+    """Mean, then variance of the centered values (no E[x^2]-E[x]^2 cancellation), computed in `out`
+    when it has the compute dtype. In-place safe."""
     x, weight, bias = args.inputs
+    out = args.out
+    if out.size == 0:
+        return
     axes = _axes(x, args.attrs["normalized_shape"])
-    xf = as_compute(x)
-    centered = xf - xf.mean(axis=axes, keepdims=True)
-    variance = np.mean(np.square(centered), axis=axes, keepdims=True)
-    centered *= 1.0 / np.sqrt(variance + args.attrs["eps"])
-    _affine_into(args.out, centered, weight, bias)
+    cdt = compute_dtype(x.dtype)
+    inv_n = cdt.type(1.0 / math.prod(x.shape[a] for a in axes))
+    mean = np.add.reduce(x, axis=axes, keepdims=True, dtype=cdt)
+    mean *= inv_n
+    y = out if out.dtype == cdt else np.empty(out.shape, cdt)
+    np.subtract(x, mean, out=y)
+    rstd = _sum_of_squares(y, axes)
+    rstd *= inv_n
+    rstd += cdt.type(args.attrs["eps"])
+    np.sqrt(rstd, out=rstd)
+    np.reciprocal(rstd, out=rstd)
+    y *= rstd
+    _affine_into(out, y, weight, bias)
 
 
 @kernel("rms_norm", "numpy", backend="cpu", dtypes=CPU_FLOAT_DTYPES, priority=10)
