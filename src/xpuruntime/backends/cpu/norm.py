@@ -46,7 +46,8 @@ def layer_norm_numpy(args: ArgPack) -> None:
     inv_n = cdt.type(1.0 / math.prod(x.shape[a] for a in axes))
     mean = np.add.reduce(x, axis=axes, keepdims=True, dtype=cdt)
     mean *= inv_n
-    y = out if out.dtype == cdt else np.empty(out.shape, cdt)
+    direct = out.dtype == cdt and out.flags.c_contiguous  # the sums' order depends on the layout: keep one
+    y = out if direct else np.empty(out.shape, cdt)
     np.subtract(x, mean, out=y)
     rstd = _sum_of_squares(y, axes)
     rstd *= inv_n
