@@ -33,10 +33,14 @@ def _fits_in_memory(ctx: DispatchContext) -> str | None:
     return None
 
 
-def _masked_scores(args: ArgPack, q: np.ndarray, k: np.ndarray, rows: slice, cols: slice, out: np.ndarray) -> None:
-    """out = q[rows] k[cols]^T * scale, with the mask or causal structure applied (-inf = hidden)."""
-    np.matmul(q[..., rows, :], np.swapaxes(k[..., cols, :], -1, -2), out=out)
-    out *= args.attrs["scale"]
+def _masked_scores(
+    args: ArgPack, q: np.ndarray, k: np.ndarray, rows: slice, cols: slice, out: np.ndarray, scaled: bool = False
+) -> None:
+    """out = q[rows] k[cols]^T * scale (q comes scaled already with `scaled`), with the mask or causal
+    structure applied (-inf = hidden)."""
+    np.matmul(q[..., rows, :], np.ascontiguousarray(np.swapaxes(k[..., cols, :], -1, -2)), out=out)
+    if not scaled:
+        out *= out.dtype.type(args.attrs["scale"])
     mask, at = args.inputs[3], args.attrs
     if at["is_causal"]:  # query i sees key j <= i (top-left aligned)
         visible = np.arange(rows.start, rows.stop)[:, None] >= np.arange(cols.start, cols.stop)[None, :]
@@ -49,20 +53,51 @@ def _masked_scores(args: ArgPack, q: np.ndarray, k: np.ndarray, rows: slice, col
             out += block
 
 
+UNSHIFTED_MAX = 60.0  # scores up to this need no max subtraction: exp() stays far from overflow
+UNSHIFTED_MIN_SUM = 1e-30  # a row whose exp() sum is below this lost precision to underflow
+
+
+def _exp_scores(args: ArgPack, q: np.ndarray, k: np.ndarray, scores: np.ndarray) -> np.ndarray:
+    """scores <- exp(scores - shift) in place, returning the row sums. softmax is shift-invariant, so
+    when every score is small (the usual case) the per-row max pass is skipped; a row that underflows
+    (all keys hidden, large negative masks) or any NaN/inf sends the whole call to the row-max path."""
+    at = args.attrs
+    rows, cols = slice(0, at["L"]), slice(0, at["S"])
+    scale = scores.dtype.type(at["scale"])
+    scaled = q.size < scores.size
+    if scaled:  # scale the smaller operand
+        q = q * scale
+    _masked_scores(args, q, k, rows, cols, scores, scaled)
+    if scores.max() <= UNSHIFTED_MAX:
+        np.exp(scores, out=scores)
+        sums = scores.sum(axis=-1, keepdims=True)
+        if sums.min() >= UNSHIFTED_MIN_SUM:
+            return sums
+        _masked_scores(args, q, k, rows, cols, scores, scaled)
+    scores -= scores.max(axis=-1, keepdims=True)
+    np.exp(scores, out=scores)
+    return scores.sum(axis=-1, keepdims=True)
+
+
 @kernel("attention", "math", backend="cpu", dtypes=CPU_FLOAT_DTYPES, priority=10, conditions=(_fits_in_memory,))
 def attention_math(args: ArgPack) -> None:
-    """softmax(q k^T * scale + mask) v with the full score matrix."""
+    """softmax(q k^T * scale + mask) v with the full score matrix; the softmax's division is done on the
+    (smaller) result, written straight into `out` when it has the compute dtype."""
     if args.out.size == 0:  # e.g. L == S == 0: max() over no keys would raise
         return
     q, k, v = (as_compute(t) for t in args.inputs[:3])
     at = args.attrs
     scores = np.empty((*at["batch"], at["L"], at["S"]), q.dtype)
-    _masked_scores(args, q, k, slice(0, at["L"]), slice(0, at["S"]), scores)
-    with np.errstate(invalid="ignore"):  # rows that see no key become NaN, as in PyTorch
-        scores -= scores.max(axis=-1, keepdims=True)
-        np.exp(scores, out=scores)
-        scores /= scores.sum(axis=-1, keepdims=True)
-    np.copyto(args.out, np.matmul(scores, v), casting="same_kind")
+    out = args.out
+    with np.errstate(invalid="ignore", divide="ignore"):  # rows that see no key become NaN, as in PyTorch
+        sums = _exp_scores(args, q, k, scores)
+        if out.dtype == scores.dtype:
+            np.matmul(scores, v, out=out)
+            out /= sums
+        else:
+            result = np.matmul(scores, v)
+            result /= sums
+            np.copyto(out, result, casting="same_kind")
 
 
 def chunked_launch_config(ctx: DispatchContext) -> LaunchConfig:
