@@ -32,19 +32,50 @@ def _store(out: np.ndarray, result: np.ndarray) -> None:
     np.copyto(out, result.reshape(out.shape), casting="same_kind")
 
 
+def _rows_of(out: np.ndarray, dtype: np.dtype, m: int, n: int) -> np.ndarray | None:
+    """`out` viewed as (M, N) when it has the compute dtype and needs no copy for that view, else None."""
+    if out.dtype != dtype:
+        return None
+    try:
+        return np.reshape(out, (m, n), copy=False)
+    except (ValueError, TypeError):  # a copy would be needed (or NumPy < 2.1 has no copy=)
+        return None
+
+
+def _gelu_inplace(z: np.ndarray) -> None:
+    """z <- gelu_tanh(z) with one temporary."""
+    f = z.dtype.type
+    t = np.multiply(z, z)
+    t *= f(_GELU_A)
+    t += f(1.0)
+    t *= z
+    t *= f(_GELU_C)
+    np.tanh(t, out=t)
+    t += f(1.0)
+    t *= f(0.5)
+    z *= t
+
+
 @kernel("linear", "numpy", backend="cpu", dtypes=CPU_FLOAT_DTYPES, priority=10)
 def linear_numpy(args: ArgPack) -> None:
-    """act(x @ W^T + b) with BLAS; bias and activation applied in the compute dtype."""
+    """act(x @ W^T + b) with BLAS, written into `out` when it can be; bias and activation applied in place
+    in the compute dtype."""
     x, weight, bias = args.inputs
-    z = _rows(x) @ as_compute(weight).T
+    x2, w = _rows(x), as_compute(weight)
+    z = _rows_of(args.out, x2.dtype, x2.shape[0], w.shape[0])
+    if z is None:
+        z = x2 @ w.T
+    else:
+        np.matmul(x2, w.T, out=z)
     if bias is not None:
         z += as_compute(bias)
     activation = args.attrs["activation"]
     if activation == "relu":
         np.maximum(z, 0, out=z)
     elif activation == "gelu":
-        z = _gelu(z)
-    _store(args.out, z)
+        _gelu_inplace(z)
+    if not np.shares_memory(z, args.out):
+        _store(args.out, z)
 
 
 @kernel("linear_grad_input", "numpy", backend="cpu", dtypes=CPU_FLOAT_DTYPES, priority=10)
