@@ -26,6 +26,14 @@ def _affine_into(out: np.ndarray, y: np.ndarray, weight: np.ndarray | None, bias
         np.copyto(out, y, casting="same_kind")
 
 
+def _sum(x: np.ndarray, axes: tuple[int, ...], cdt: np.dtype) -> np.ndarray:
+    """Sum of x over `axes` (kept) in `cdt`: over one axis as a matrix-vector product with ones (BLAS),
+    several times faster than a NumPy reduction over short rows."""
+    if len(axes) == 1 and x.dtype == cdt:
+        return np.matmul(x, np.ones(x.shape[-1], cdt))[..., None]
+    return np.add.reduce(x, axis=axes, keepdims=True, dtype=cdt)
+
+
 def _sum_of_squares(y: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
     """Sum of y*y over `axes` (kept): one pass over the last axis where NumPy has vecdot."""
     if len(axes) == 1 and _vecdot is not None:
@@ -44,7 +52,7 @@ def layer_norm_numpy(args: ArgPack) -> None:
     axes = _axes(x, args.attrs["normalized_shape"])
     cdt = compute_dtype(x.dtype)
     inv_n = cdt.type(1.0 / math.prod(x.shape[a] for a in axes))
-    mean = np.add.reduce(x, axis=axes, keepdims=True, dtype=cdt)
+    mean = _sum(x, axes, cdt)
     mean *= inv_n
     direct = out.dtype == cdt and out.flags.c_contiguous  # the sums' order depends on the layout: keep one
     y = out if direct else np.empty(out.shape, cdt)
