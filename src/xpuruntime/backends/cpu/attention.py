@@ -70,13 +70,19 @@ def _exp_scores(args: ArgPack, q: np.ndarray, k: np.ndarray, scores: np.ndarray)
     _masked_scores(args, q, k, rows, cols, scores, scaled)
     if scores.max() <= UNSHIFTED_MAX:
         np.exp(scores, out=scores)
-        sums = scores.sum(axis=-1, keepdims=True)
+        sums = _row_sums(scores)
         if sums.min() >= UNSHIFTED_MIN_SUM:
             return sums
         _masked_scores(args, q, k, rows, cols, scores, scaled)
     scores -= scores.max(axis=-1, keepdims=True)
     np.exp(scores, out=scores)
-    return scores.sum(axis=-1, keepdims=True)
+    return _row_sums(scores)
+
+
+def _row_sums(scores: np.ndarray) -> np.ndarray:
+    """Sums over the last axis (kept) as a BLAS matrix-vector product with ones: several times faster
+    than a NumPy reduction over rows of a few hundred keys."""
+    return np.matmul(scores, np.ones(scores.shape[-1], scores.dtype))[..., None]
 
 
 @kernel("attention", "math", backend="cpu", dtypes=CPU_FLOAT_DTYPES, priority=10, conditions=(_fits_in_memory,))
