@@ -23,6 +23,7 @@ _A1, _A2, _A3, _A4, _A5, _P = 0.254829592, -0.284496736, 1.421413741, -1.4531520
 _exact_erf = np.vectorize(math.erf, otypes=[np.float64])
 _SQRT1_2 = 1.0 / math.sqrt(2.0)
 _TANH_C = math.sqrt(2.0 / math.pi)
+CHUNK_ELEMENTS = 1 << 16  # output elements per block of a long program (measured best of 2^13..2^17)
 
 
 def _erf_into(x: np.ndarray, out: np.ndarray, a: np.ndarray, t: np.ndarray) -> np.ndarray:
@@ -208,12 +209,40 @@ def _workspace_bytes(ctx: DispatchContext) -> int:
     return registers * math.prod(ctx.out_shape) * itemsize
 
 
+def _rows(arrays: tuple, shape: tuple[int, ...]) -> list[np.ndarray] | None:
+    """Each array broadcast to `shape` and viewed as (rows, last dim) without a copy; None if one cannot be."""
+    rows = math.prod(shape[:-1])
+    try:
+        return [np.reshape(np.broadcast_to(a, shape), (rows, shape[-1]), copy=False) for a in arrays]
+    except (ValueError, TypeError):  # a copy would be needed (or NumPy < 2.1 has no copy=)
+        return None
+
+
+def _run_in_chunks(fn: Callable, inputs: tuple, out: np.ndarray, regs: np.ndarray) -> bool:
+    """Run `fn` over blocks of about CHUNK_ELEMENTS output elements, so that the program's registers stay
+    in cache between its passes; False where the arrays cannot be split into row blocks."""
+    if out.ndim < 2 or out.size < 2 * CHUNK_ELEMENTS:
+        return False
+    views = _rows((*inputs, out), out.shape)
+    if views is None:
+        return False
+    ins, out2 = views[:-1], np.reshape(out, views[-1].shape)  # the same view as views[-1], writeable
+    rows, cols = out2.shape
+    step = max(1, CHUNK_ELEMENTS // cols)
+    block = regs.reshape(-1)[: regs.shape[0] * step * cols].reshape(regs.shape[0], step, cols)
+    for start in range(0, rows, step):
+        stop = min(start + step, rows)
+        fn([a[start:stop] for a in ins], out2[start:stop], block[:, : stop - start])
+    return True
+
+
 @kernel(
     "fused_elementwise", "numpy_codegen", backend="cpu", conditions=(_cpu_dtype,), priority=10, fused=True,
     workspace_bytes=_workspace_bytes,
 )  # fmt: skip
 def fused_elementwise_numpy(args: ArgPack) -> None:
-    """One generated NumPy function per program (cached), its temporaries in the workspace."""
+    """One generated NumPy function per program (cached), its temporaries in the workspace; large outputs
+    are done in row blocks that stay in cache."""
     fn, registers = compile_program(args.attrs["program"], args.attrs["dtype"])
     out = args.out
     cdt = np.float64 if out.dtype == np.float64 else np.float32
@@ -222,4 +251,5 @@ def fused_elementwise_numpy(args: ArgPack) -> None:
     else:
         regs = np.empty((registers, *out.shape), cdt)
     with np.errstate(all="ignore"):  # inf/NaN follow IEEE rules, as on the GPU
-        fn(args.inputs, out, regs)
+        if not (registers > 2 and _run_in_chunks(fn, args.inputs, out, regs)):
+            fn(args.inputs, out, regs)
