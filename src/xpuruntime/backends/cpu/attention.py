@@ -57,10 +57,11 @@ UNSHIFTED_MAX = 60.0  # scores up to this need no max subtraction: exp() stays f
 UNSHIFTED_MIN_SUM = 1e-30  # a row whose exp() sum is below this lost precision to underflow
 
 
-def _exp_scores(args: ArgPack, q: np.ndarray, k: np.ndarray, scores: np.ndarray) -> np.ndarray:
-    """scores <- exp(scores - shift) in place, returning the row sums. softmax is shift-invariant, so
-    when every score is small (the usual case) the per-row max pass is skipped; a row that underflows
-    (all keys hidden, large negative masks) or any NaN/inf sends the whole call to the row-max path."""
+def _exp_scores(args: ArgPack, q: np.ndarray, k: np.ndarray, scores: np.ndarray) -> tuple[np.ndarray, float]:
+    """scores <- exp(scores - shift) in place, returning the row sums and a bound on the largest exp().
+    softmax is shift-invariant, so when every score is small (the usual case) the per-row max pass is
+    skipped; a row that underflows (all keys hidden, large negative masks) or any NaN/inf sends the whole
+    call to the row-max path."""
     at = args.attrs
     rows, cols = slice(0, at["L"]), slice(0, at["S"])
     scale = scores.dtype.type(at["scale"])
@@ -68,15 +69,16 @@ def _exp_scores(args: ArgPack, q: np.ndarray, k: np.ndarray, scores: np.ndarray)
     if scaled:  # scale the smaller operand
         q = q * scale
     _masked_scores(args, q, k, rows, cols, scores, scaled)
-    if scores.max() <= UNSHIFTED_MAX:
+    top = scores.max()
+    if top <= UNSHIFTED_MAX:
         np.exp(scores, out=scores)
         sums = _row_sums(scores)
         if sums.min() >= UNSHIFTED_MIN_SUM:
-            return sums
+            return sums, math.exp(top)
         _masked_scores(args, q, k, rows, cols, scores, scaled)
     scores -= scores.max(axis=-1, keepdims=True)
     np.exp(scores, out=scores)
-    return _row_sums(scores)
+    return _row_sums(scores), 1.0
 
 
 def _row_sums(scores: np.ndarray) -> np.ndarray:
@@ -96,14 +98,26 @@ def attention_math(args: ArgPack) -> None:
     scores = np.empty((*at["batch"], at["L"], at["S"]), q.dtype)
     out = args.out
     with np.errstate(invalid="ignore", divide="ignore"):  # rows that see no key become NaN, as in PyTorch
-        sums = _exp_scores(args, q, k, scores)
+        sums, top = _exp_scores(args, q, k, scores)
+        late = _can_normalize_late(top, at["S"], v)
+        if not late:
+            scores /= sums
         if out.dtype == scores.dtype:
             np.matmul(scores, v, out=out)
-            out /= sums
+            if late:
+                out /= sums
         else:
             result = np.matmul(scores, v)
-            result /= sums
+            if late:
+                result /= sums
             np.copyto(out, result, casting="same_kind")
+
+
+def _can_normalize_late(top: float, keys: int, v: np.ndarray) -> bool:
+    """Whether exp(scores) @ v stays far from overflow (|result| <= keys * top * max|v|), so the softmax's
+    division can wait for the smaller result; false for huge or non-finite v."""
+    vmax = float(np.abs(v).max()) if v.size else 0.0
+    return keys * top * vmax < float(np.finfo(v.dtype).max) / 16
 
 
 def chunked_launch_config(ctx: DispatchContext) -> LaunchConfig:
