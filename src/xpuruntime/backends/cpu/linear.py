@@ -63,10 +63,11 @@ def linear_numpy(args: ArgPack) -> None:
     x, weight, bias = args.inputs
     x2, w = _rows(x), as_compute(weight)
     z = _rows_of(args.out, x2.dtype, x2.shape[0], w.shape[0])
-    if z is None:
-        z = x2 @ w.T
-    else:
+    direct = z is not None
+    if direct:
         np.matmul(x2, w.T, out=z)
+    else:
+        z = x2 @ w.T
     if bias is not None:
         z += as_compute(bias)
     activation = args.attrs["activation"]
@@ -74,7 +75,7 @@ def linear_numpy(args: ArgPack) -> None:
         np.maximum(z, 0, out=z)
     elif activation == "gelu":
         _gelu_inplace(z)
-    if not np.shares_memory(z, args.out):
+    if not direct:
         _store(args.out, z)
 
 
