@@ -1,0 +1,53 @@
+"""CPU kernels stay finite and right at the edges of float32 (regressions from speeding them up)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+import xpuruntime as xrt
+from xpuruntime.ops.attention import reference as attention_reference
+from xpuruntime.ops.fused_elementwise import reference as fused_reference
+
+rng = np.random.default_rng(7)
+
+
+def test_gelu_of_huge_finite_values_is_finite_and_exact():
+    """relu(x) written as x/2 + |x|/2 must not overflow where (x + |x|)/2 would (x > 1.7e38 in fp32)."""
+    x = np.array([3e38, -3e38, 1.7e38, -2.5, 0.0, 2.5, 1e-30], np.float32)
+    program = (("gelu", ("in", 0)),)
+    got = xrt.ops.fused_elementwise(program, x, dtype="float32")
+    ref = fused_reference(x, program=program, dtype="float64")
+    assert np.all(np.isfinite(got)), got
+    np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-7)
+
+
+def test_bias_gelu_in_row_blocks_matches_the_reference():
+    """Long programs run over blocks of rows; the blocks must cover every element exactly once."""
+    x = rng.standard_normal((3, 70_001)).astype(np.float32) * 3
+    b = rng.standard_normal(70_001).astype(np.float32)
+    program = (("add", ("in", 0), ("in", 1)), ("gelu", ("t", 0)))
+    out = np.full_like(x, np.nan)
+    xrt.ops.fused_elementwise(program, x, b, dtype="float32", out=out)
+    np.testing.assert_allclose(out, fused_reference(x, b, program=program, dtype="float64"), rtol=2e-6, atol=2e-6)
+
+
+def test_attention_with_huge_values_stays_finite():
+    """Normalizing after the PV product must not overflow when v is huge but finite."""
+    q = rng.standard_normal((2, 5, 8)).astype(np.float32)
+    k = rng.standard_normal((2, 7, 8)).astype(np.float32)
+    v = (rng.standard_normal((2, 7, 8)) * 1e37).astype(np.float32)
+    with xrt.kernel_policy(attention="math"):
+        got = xrt.ops.attention(q, k, v)
+    ref = attention_reference(q, k, v)
+    assert np.all(np.isfinite(got))
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+
+
+def test_attention_with_large_scores_takes_the_max_subtracting_path():
+    """Scores above the skip-the-max threshold (60) still give the float64 answer."""
+    q = (rng.standard_normal((1, 4, 16)) * 10).astype(np.float32)
+    k = (rng.standard_normal((1, 6, 16)) * 10).astype(np.float32)
+    v = rng.standard_normal((1, 6, 16)).astype(np.float32)
+    with xrt.kernel_policy(attention="math"):
+        got = xrt.ops.attention(q, k, v)
+    np.testing.assert_allclose(got, attention_reference(q, k, v), rtol=1e-4, atol=1e-4)
