@@ -18,7 +18,8 @@ from ..schema import OpSchema
 from .checks import broadcast, require_dtype_like, require_float, require_ndim
 
 
-def _normalize_attrs(ctx: DispatchContext) -> dict[str, Any]:
+def check_qkv(ctx: DispatchContext) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    """q (..., L, E), k (..., S, E), v (..., S, Ev) with E >= 1: their shapes, or an error naming the argument."""
     for name in ("q", "k", "v"):
         require_ndim(ctx, name, 2)
     q, k, v = (ctx.tensor(n).shape for n in ("q", "k", "v"))
@@ -28,29 +29,41 @@ def _normalize_attrs(ctx: DispatchContext) -> dict[str, Any]:
         raise argument_error(ShapeError, ctx.op, "v", f"{k[-2]} rows (the sequence length S of 'k')", f"shape {v}")
     if q[-1] == 0:
         raise argument_error(ShapeError, ctx.op, "q", "a head dim E >= 1", f"shape {q}")
-    batch = broadcast(ctx.op, [("q", q[:-2]), ("k", k[:-2]), ("v", v[:-2])])
-    L, S = q[-2], k[-2]
-    if S == 0 and L > 0:
+    if k[-2] == 0 and q[-2] > 0:
         raise argument_error(
             ShapeError, ctx.op, "k", "at least one key (softmax over no keys is undefined)", f"shape {k}"
         )
-    is_causal, scale = ctx.attrs["is_causal"], ctx.attrs["scale"]
-    if not isinstance(is_causal, bool | np.bool_):
-        raise argument_error(ArgumentError, ctx.op, "is_causal", "a bool", repr(is_causal))
+    return q, k, v
+
+
+def check_bool(ctx: DispatchContext, name: str) -> bool:
+    value = ctx.attrs[name]
+    if not isinstance(value, bool | np.bool_):
+        raise argument_error(ArgumentError, ctx.op, name, "a bool", repr(value))
+    return bool(value)
+
+
+def check_mask_and_scale(ctx: DispatchContext, batch: tuple[int, ...], is_causal: bool) -> float:
+    """The mask must broadcast to the scores (*batch, L, S) and not come with is_causal; returns the scale
+    (1/sqrt(E) when None)."""
+    q, k = ctx.tensor("q").shape, ctx.tensor("k").shape
+    L, S = q[-2], k[-2]
     if is_causal and ctx.has_tensor("attn_mask"):
         raise ArgumentError(f"{ctx.op}: pass either 'attn_mask' or is_causal=True, not both")
     if ctx.has_tensor("attn_mask"):
         mask = ctx.tensor("attn_mask").shape
         if broadcast(ctx.op, [("scores", (*batch, L, S)), ("attn_mask", mask)]) != (*batch, L, S):
             raise argument_error(ShapeError, ctx.op, "attn_mask", f"a shape broadcastable to {(*batch, L, S)}", mask)
+    scale = ctx.attrs["scale"]
     if scale is None:
-        scale = 1.0 / math.sqrt(q[-1])
-    elif not isinstance(scale, numbers.Real) or isinstance(scale, bool) or not math.isfinite(scale):
+        return 1.0 / math.sqrt(q[-1])
+    if not isinstance(scale, numbers.Real) or isinstance(scale, bool) or not math.isfinite(scale):
         raise argument_error(ArgumentError, ctx.op, "scale", "a finite number or None", repr(scale))
-    return {"is_causal": bool(is_causal), "scale": float(scale), "batch": batch, "L": L, "S": S}
+    return float(scale)
 
 
-def _infer_dtype(ctx: DispatchContext) -> str:
+def check_dtypes(ctx: DispatchContext) -> str:
+    """q, k, v of one float dtype; the mask bool or that dtype. Returns the dtype."""
     dtype = require_float(ctx, "q")
     require_dtype_like(ctx, "k", "q")
     require_dtype_like(ctx, "v", "q")
@@ -59,6 +72,14 @@ def _infer_dtype(ctx: DispatchContext) -> str:
         if mask not in ("bool", dtype):
             raise argument_error(DTypeError, ctx.op, "attn_mask", f"bool or {dtype} (same as 'q')", mask)
     return dtype
+
+
+def _normalize_attrs(ctx: DispatchContext) -> dict[str, Any]:
+    q, k, v = check_qkv(ctx)
+    batch = broadcast(ctx.op, [("q", q[:-2]), ("k", k[:-2]), ("v", v[:-2])])
+    is_causal = check_bool(ctx, "is_causal")
+    scale = check_mask_and_scale(ctx, batch, is_causal)
+    return {"is_causal": is_causal, "scale": scale, "batch": batch, "L": q[-2], "S": k[-2]}
 
 
 def _infer_shape(ctx: DispatchContext) -> tuple[int, ...]:
@@ -101,7 +122,7 @@ ATTENTION = OpSchema(
     attrs=("is_causal", "scale"),
     defaults={"is_causal": False, "scale": None},
     normalize_attrs=_normalize_attrs,
-    infer_dtype=_infer_dtype,
+    infer_dtype=check_dtypes,
     infer_shape=_infer_shape,
     reference=reference,
     flops=flops,

@@ -23,8 +23,9 @@ from ..context import DispatchContext
 from ..dispatch import run
 from ..errors import DTypeError, ShapeError, argument_error
 from ..schema import OpSchema
-from .attention_forward import check_mask_dtype, expand_heads, normalize_training_attrs, scores_reference
-from .checks import require_dtype_like, require_float
+from .attention import check_dtypes
+from .attention_forward import expand_heads, normalize_training_attrs, scores_reference
+from .checks import require_dtype_like
 
 
 def _normalize(ctx: DispatchContext) -> dict[str, Any]:
@@ -44,10 +45,9 @@ def _normalize(ctx: DispatchContext) -> dict[str, Any]:
 
 
 def _infer_dtype(ctx: DispatchContext) -> str:
-    dtype = require_float(ctx, "q")
-    for name in ("grad_out", "k", "v", "out"):
+    dtype = check_dtypes(ctx)
+    for name in ("grad_out", "out"):
         require_dtype_like(ctx, name, "q")
-    check_mask_dtype(ctx, dtype)
     if ctx.tensor("lse").dtype != "float32":
         raise argument_error(DTypeError, ctx.op, "lse", "float32", ctx.tensor("lse").dtype)
     return dtype

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import numbers
 from typing import Any
 
 import numpy as np
@@ -23,17 +22,9 @@ import numpy as np
 from ..arrays import as_array, is_torch_tensor
 from ..context import DispatchContext
 from ..dispatch import run
-from ..errors import ArgumentError, DTypeError, ShapeError, argument_error
+from ..errors import DTypeError, ShapeError, argument_error
 from ..schema import OpSchema
-from .attention import causal_mask
-from .checks import broadcast, require_dtype_like, require_float, require_ndim
-
-
-def _check_bool(ctx: DispatchContext, name: str) -> bool:
-    value = ctx.attrs[name]
-    if not isinstance(value, bool | np.bool_):
-        raise argument_error(ArgumentError, ctx.op, name, "a bool", repr(value))
-    return bool(value)
+from .attention import causal_mask, check_bool, check_dtypes, check_mask_and_scale, check_qkv
 
 
 def _kv_batch_ok(q_batch: tuple[int, ...], kv_batch: tuple[int, ...], gqa: bool) -> bool:
@@ -46,16 +37,8 @@ def _kv_batch_ok(q_batch: tuple[int, ...], kv_batch: tuple[int, ...], gqa: bool)
 
 def normalize_training_attrs(ctx: DispatchContext) -> dict[str, Any]:
     """Shapes, mask, causal flag, scale and GQA grouping shared by attention_forward and attention_backward."""
-    for name in ("q", "k", "v"):
-        require_ndim(ctx, name, 2)
-    q, k, v = (ctx.tensor(n).shape for n in ("q", "k", "v"))
-    if k[-1] != q[-1]:
-        raise argument_error(ShapeError, ctx.op, "k", f"last dim {q[-1]} (the head dim E of 'q')", f"shape {k}")
-    if v[-2] != k[-2]:
-        raise argument_error(ShapeError, ctx.op, "v", f"{k[-2]} rows (the sequence length S of 'k')", f"shape {v}")
-    if q[-1] == 0:
-        raise argument_error(ShapeError, ctx.op, "q", "a head dim E >= 1", f"shape {q}")
-    gqa = _check_bool(ctx, "enable_gqa")
+    q, k, v = check_qkv(ctx)
+    gqa = check_bool(ctx, "enable_gqa")
     batch = q[:-2]
     for name, shape in (("k", k), ("v", v)):
         if not _kv_batch_ok(batch, shape[:-2], gqa):
@@ -63,31 +46,11 @@ def normalize_training_attrs(ctx: DispatchContext) -> dict[str, Any]:
             raise argument_error(ShapeError, ctx.op, name, f"batch dims {batch} like 'q'{extra}", f"shape {shape}")
     if v[:-2] != k[:-2]:
         raise argument_error(ShapeError, ctx.op, "v", f"batch dims {k[:-2]} (those of 'k')", f"shape {v}")
-    L, S = q[-2], k[-2]
-    if S == 0 and L > 0:
-        raise argument_error(ShapeError, ctx.op, "k", "at least one key (softmax over no keys is undefined)", f"{k}")
-    is_causal = _check_bool(ctx, "is_causal")
-    if is_causal and ctx.has_tensor("attn_mask"):
-        raise ArgumentError(f"{ctx.op}: pass either 'attn_mask' or is_causal=True, not both")
-    if ctx.has_tensor("attn_mask"):
-        mask = ctx.tensor("attn_mask").shape
-        if broadcast(ctx.op, [("scores", (*batch, L, S)), ("attn_mask", mask)]) != (*batch, L, S):
-            raise argument_error(ShapeError, ctx.op, "attn_mask", f"a shape broadcastable to {(*batch, L, S)}", mask)
-    scale = ctx.attrs["scale"]
-    if scale is None:
-        scale = 1.0 / math.sqrt(q[-1])
-    elif not isinstance(scale, numbers.Real) or isinstance(scale, bool) or not math.isfinite(scale):
-        raise argument_error(ArgumentError, ctx.op, "scale", "a finite number or None", repr(scale))
+    is_causal = check_bool(ctx, "is_causal")
+    scale = check_mask_and_scale(ctx, batch, is_causal)
     group = batch[-1] // k[-3] if len(batch) and k[-3] else 1
-    return {"is_causal": is_causal, "scale": float(scale), "enable_gqa": gqa, "batch": batch, "L": L, "S": S,
+    return {"is_causal": is_causal, "scale": scale, "enable_gqa": gqa, "batch": batch, "L": q[-2], "S": k[-2],
             "group": group}  # fmt: skip
-
-
-def check_mask_dtype(ctx: DispatchContext, dtype: str) -> None:
-    if ctx.has_tensor("attn_mask"):
-        mask = ctx.tensor("attn_mask").dtype
-        if mask not in ("bool", dtype):
-            raise argument_error(DTypeError, ctx.op, "attn_mask", f"bool or {dtype} (same as 'q')", mask)
 
 
 def _normalize(ctx: DispatchContext) -> dict[str, Any]:
@@ -102,10 +65,7 @@ def _normalize(ctx: DispatchContext) -> dict[str, Any]:
 
 
 def _infer_dtype(ctx: DispatchContext) -> str:
-    dtype = require_float(ctx, "q")
-    require_dtype_like(ctx, "k", "q")
-    require_dtype_like(ctx, "v", "q")
-    check_mask_dtype(ctx, dtype)
+    dtype = check_dtypes(ctx)
     if ctx.tensor("lse").dtype != "float32":
         raise argument_error(DTypeError, ctx.op, "lse", "float32", ctx.tensor("lse").dtype)
     return dtype
