@@ -35,6 +35,12 @@ def _axis(op: str, axis: int, ndim: int) -> int:
     return axis % ndim
 
 
+def _check_indices(op: str, indices: np.ndarray, dim: int, axis: int, shape: tuple[int, ...]) -> None:
+    """Gather-style indices must lie in [-dim, dim) of the gathered axis; ArgumentError naming the op."""
+    if indices.size and (indices.min() < -dim or indices.max() >= dim):
+        raise ArgumentError(f"{op}: indices outside [-{dim}, {dim}) for axis {axis} of shape {shape}")
+
+
 def _unary(fn: Callable[[np.ndarray], np.ndarray]) -> Builder:
     def build(node: Node, opset: int) -> Fn:
         return lambda x: np.asarray(fn(x)).astype(x.dtype, copy=False)
@@ -407,9 +413,7 @@ def _gather(node: Node, opset: int) -> Fn:
 
     def run(x: np.ndarray, indices: np.ndarray) -> np.ndarray:
         ax = _axis("Gather", axis, x.ndim)
-        dim = x.shape[ax]
-        if indices.size and (indices.min() < -dim or indices.max() >= dim):
-            raise ArgumentError(f"Gather: indices outside [-{dim}, {dim}) for axis {axis} of shape {x.shape}")
+        _check_indices("Gather", indices, x.shape[ax], axis, x.shape)
         return np.take(x, indices, axis=ax)
 
     return run
@@ -558,8 +562,7 @@ def _gather_elements(node: Node, opset: int) -> Fn:
     def run(x: np.ndarray, indices: np.ndarray) -> np.ndarray:
         ax = _axis("GatherElements", axis, x.ndim)
         dim = x.shape[ax]
-        if indices.size and (indices.min() < -dim or indices.max() >= dim):
-            raise ArgumentError(f"GatherElements: indices outside [-{dim}, {dim}) on axis {axis}")
+        _check_indices("GatherElements", indices, dim, axis, x.shape)
         return np.take_along_axis(x, np.where(indices < 0, indices + dim, indices), axis=ax)
 
     return run

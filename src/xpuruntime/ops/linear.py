@@ -59,12 +59,18 @@ def activation_grad(z: np.ndarray, activation: str | None) -> np.ndarray | float
     return 1.0
 
 
+def weight_shape(ctx: DispatchContext) -> tuple[int, int]:
+    """The weight's (out_features, in_features), or a ShapeError when it is not 2-d."""
+    w = ctx.tensor("weight").shape
+    if len(w) != 2:
+        raise argument_error(ShapeError, ctx.op, "weight", "a 2-d (out_features, in_features) array", f"shape {w}")
+    return w
+
+
 def _normalize_attrs(ctx: DispatchContext) -> dict[str, Any]:
     """Derive the GEMM: M (rows of x, leading dims flattened), N, K."""
     require_ndim(ctx, "x", 1)
-    x, w = ctx.tensor("x").shape, ctx.tensor("weight").shape
-    if len(w) != 2:
-        raise argument_error(ShapeError, ctx.op, "weight", "a 2-d (out_features, in_features) array", f"shape {w}")
+    x, w = ctx.tensor("x").shape, weight_shape(ctx)
     if x[-1] != w[1]:
         raise argument_error(ShapeError, ctx.op, "x", f"last dimension {w[1]} (weight's in_features)", f"shape {x}")
     if ctx.has_tensor("bias") and ctx.tensor("bias").shape != (w[0],):

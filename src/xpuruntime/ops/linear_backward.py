@@ -21,14 +21,12 @@ from ..dispatch import run
 from ..errors import ArgumentError, ShapeError, argument_error
 from ..schema import OpSchema
 from .checks import require_dtype_like, require_float, require_ndim
-from .linear import activation_grad, check_activation
+from .linear import activation_grad, check_activation, weight_shape
 
 
 def _grad_input_attrs(ctx: DispatchContext) -> dict[str, Any]:
     require_ndim(ctx, "dy", 1)
-    dy, w = ctx.tensor("dy").shape, ctx.tensor("weight").shape
-    if len(w) != 2:
-        raise argument_error(ShapeError, ctx.op, "weight", "a 2-d (out_features, in_features) array", f"shape {w}")
+    dy, w = ctx.tensor("dy").shape, weight_shape(ctx)
     if dy[-1] != w[0]:
         raise argument_error(ShapeError, ctx.op, "dy", f"last dimension {w[0]} (weight's out_features)", f"shape {dy}")
     activation = check_activation(ctx)
