@@ -80,6 +80,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default="", help="write losses, step times and the dispatch summary here")
+    p.add_argument("--profile-steps", type=int, default=0, help="profile the last N steps; print the top kernels")
     args = p.parse_args(argv)
     if args.tiny:
         args.layers, args.d_model, args.heads, args.context, args.batch, args.vocab = 2, 64, 4, 32, 2, 256
@@ -172,6 +173,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     times, step = [], 0
     sync = torch.cuda.synchronize if device_type == "cuda" else (lambda: None)
+    profiling = contextlib.ExitStack()
     if args.capture_graph:
         graph = xtorch.CUDAGraphWrapper(warmup_iters=min(3, args.steps))
         loss_out = graph.capture(train_step)
@@ -179,6 +181,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             losses[step] = float("nan")  # warm-up losses are not kept by the captured step
         step = fed[0]
     while step < args.steps:
+        if args.profile_steps and step == args.steps - args.profile_steps:
+            prof = profiling.enter_context(xtorch.profile(record_shapes=False, profile_memory=False))
         sync()
         start = time.perf_counter()
         if args.capture_graph:
@@ -191,6 +195,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         sync()
         times.append(time.perf_counter() - start)
         step += 1
+    profiling.close()
+    if args.profile_steps:
+        print(prof.key_averages().table(sort_by="self_device_time_total", row_limit=25, max_name_column_width=70))
 
     records = xrt.get_dispatch_logs()
     result = {

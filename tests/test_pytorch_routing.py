@@ -38,7 +38,7 @@ def test_nothing_installed_without_a_preference(cpu_routing):
 
 def test_set_and_clear_install_and_remove(cpu_routing):
     xtorch.set_kernel_policy(policy("matmul", registry=cpu_routing))
-    assert set(xtorch.installed_overrides()) == {"matmul"}
+    assert set(xtorch.installed_overrides()) == {"linear", "matmul"}
     assert _python_kernel_at("mm", "CPU") and _python_kernel_at("addmm", "CPU")
     assert not _python_kernel_at("layer_norm", "AutogradCPU")
     xtorch.clear_kernel_policy()
@@ -50,11 +50,11 @@ def test_the_core_policy_functions_install_and_remove_too(cpu_routing):
     """One store: `xrt.set_kernel_policy` / `xrt.kernel_policy` steer aten exactly as the torch front end's."""
     assert xtorch.set_kernel_policy is xrt.set_kernel_policy and xtorch.kernel_policy is xrt.kernel_policy
     xrt.set_kernel_policy(policy("matmul", registry=cpu_routing))
-    assert set(xtorch.installed_overrides()) == {"matmul"} and _python_kernel_at("mm", "CPU")
+    assert set(xtorch.installed_overrides()) == {"linear", "matmul"} and _python_kernel_at("mm", "CPU")
     with xrt.kernel_policy(policy("layer_norm", registry=cpu_routing)):
         # process-wide overrides: other threads still follow the process policy, which names matmul
-        assert set(xtorch.installed_overrides()) == {"layer_norm", "matmul"}
-    assert set(xtorch.installed_overrides()) == {"matmul"}
+        assert set(xtorch.installed_overrides()) == {"layer_norm", "linear", "matmul"}
+    assert set(xtorch.installed_overrides()) == {"linear", "matmul"}
     xrt.clear_kernel_policy()
     assert xtorch.installed_overrides() == {} and not _python_kernel_at("mm", "CPU")
 
@@ -63,7 +63,7 @@ def test_scoped_policy_installs_only_inside(cpu_routing):
     with xtorch.kernel_policy(policy("layer_norm", registry=cpu_routing)):
         assert set(xtorch.installed_overrides()) == {"layer_norm"}
         with xtorch.kernel_policy(policy("layer_norm", "matmul", registry=cpu_routing)):
-            assert set(xtorch.installed_overrides()) == {"layer_norm", "matmul"}
+            assert set(xtorch.installed_overrides()) == {"layer_norm", "linear", "matmul"}
         assert set(xtorch.installed_overrides()) == {"layer_norm"}
     assert xtorch.installed_overrides() == {}
 
@@ -243,7 +243,7 @@ def test_autotune_policy_installs_and_routes(cpu_routing):
     a, b = torch.randn(6, 5), torch.randn(5, 4)
     expected = torch.mm(a, b)
     xtorch.set_kernel_policy(xrt.KernelPolicy({"matmul": "autotune"}, validate=cpu_routing))
-    assert set(xtorch.installed_overrides()) == {"matmul"}
+    assert set(xtorch.installed_overrides()) == {"linear", "matmul"}
     xrt.enable_dispatch_logging()
     torch.testing.assert_close(torch.mm(a, b), expected, rtol=1e-5, atol=1e-5)
     assert [(r.op_name, r.reason) for r in xrt.get_dispatch_logs()][:1] == [("matmul", "autotune")]
@@ -271,3 +271,31 @@ def test_scoped_policy_in_one_thread_does_not_steer_another(cpu_routing):
         torch.mm(a, b)
         assert CALLS["matmul"] == 1
     thread.join(5)
+
+
+def test_training_steps_never_rebuild_the_overrides(cpu_routing, monkeypatch):
+    """A family policy (matmul also names linear, attention its forward and backward) installs every
+    override it needs once; backward passes under the saved policy must not reinstall any (a rebuild
+    per call cost ~1 ms and tripled the GPT step on the H100)."""
+    torch.manual_seed(0)
+    block = torch.nn.ModuleDict(
+        {"ln": torch.nn.LayerNorm(8), "qkv": torch.nn.Linear(8, 24), "out": torch.nn.Linear(8, 8)}
+    )
+    x = torch.randn(2, 5, 8)
+
+    def step() -> None:
+        q, k, v = block["qkv"](block["ln"](x)).view(2, 5, 3, 2, 4).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(2, 5, 8)
+        block["out"](y).square().sum().backward()
+
+    xtorch.set_kernel_policy(policy("matmul", "attention", "layer_norm", registry=cpu_routing))
+    assert {"matmul", "linear", "attention", "layer_norm"} <= set(xtorch.installed_overrides())
+    step()
+    rebuilds = []
+    real = overrides._rebuild
+    monkeypatch.setattr(overrides, "_rebuild", lambda *a, **k: (rebuilds.append(a), real(*a, **k)))
+    CALLS.clear()
+    for _ in range(3):
+        step()
+    assert CALLS["linear"] == 6 and CALLS["layer_norm"] == 3 and CALLS["matmul"] > 0
+    assert rebuilds == []

@@ -64,15 +64,19 @@ class Dispatcher:
         self.registry.on_change(self.plans.invalidate)
 
     # -- the hot path ------------------------------------------------------------------------
-    def run(self, op: str, inputs: tuple, attrs: tuple = (), out: Any = None) -> Any:
-        """Run `op` on `inputs` and `attrs` (positional, in the schema's order); returns the output."""
+    def run(
+        self, op: str, inputs: tuple, attrs: tuple = (), out: Any = None, policy: KernelPolicy | None = None
+    ) -> Any:
+        """Run `op` on `inputs` and `attrs` (positional, in the schema's order); returns the output.
+        `policy` overrides the one in force here (the PyTorch front end passes a backward's saved policy)."""
         start = time.perf_counter_ns() if OBSERVERS else 0
-        policy = current_policy()
+        if policy is None:
+            policy = current_policy()
         try:
             key = plan_key(op, policy.fingerprint, attrs, inputs, out)
             plan = self.plans.get(key)
         except (NotAnArray, TypeError):
-            return self._run_converted(op, inputs, attrs, out)
+            return self._run_converted(op, inputs, attrs, out, policy)
         hit = plan is not None
         if plan is None:
             plan = self._plan_miss(op, inputs, attrs, out, policy, key)
@@ -98,7 +102,7 @@ class Dispatcher:
         return out
 
     # -- misses ------------------------------------------------------------------------------
-    def _run_converted(self, op: str, inputs: tuple, attrs: tuple, out: Any) -> Any:
+    def _run_converted(self, op: str, inputs: tuple, attrs: tuple, out: Any, policy: KernelPolicy) -> Any:
         """Slow path: convert array-likes, NumPy scalars, unhashable attributes and CPU tensors (to NumPy
         views of their memory), run, and give callers what they passed in: their own `out`, or for CPU
         tensors a CPU tensor sharing the result's memory."""
@@ -107,7 +111,7 @@ class Dispatcher:
             hash(plan_key(op, 0, attrs_, inputs_, out_))
         except (NotAnArray, TypeError) as exc:  # never loop: normalized arguments must make a key
             raise ArgumentError(f"{op}: arguments cannot be dispatched ({type(exc).__name__}: {exc})") from None
-        result = self.run(op, inputs_, attrs_, out_)
+        result = self.run(op, inputs_, attrs_, out_, policy)
         if out is not None:
             return out
         return sys.modules["torch"].from_numpy(result) if has_cpu_tensor(inputs, None) else result

@@ -188,6 +188,16 @@ def profile_host(root: Path, policy: str, steps: int = 12, top: int = 30) -> Non
     example.main(argv)
     profiler.disable()
     pstats.Stats(profiler).sort_stats("tottime").print_stats(top)
+    pstats.Stats(profiler).sort_stats("cumulative").print_stats(top)
+    import xpuruntime as xrt
+
+    print("dispatcher plan cache:", xrt.plan_cache().stats())
+    try:
+        from xpuruntime.backends.cublaslt.common import PLANS
+
+        print(f"cuBLASLt plans: {len(PLANS)} held, {PLANS.hits} hits, {PLANS.misses} misses")
+    except ImportError:
+        pass
 
 
 def _markdown(report: dict[str, Any]) -> str:

@@ -35,12 +35,12 @@ def _attrs(op: str, is_causal: bool, scale: float | None, enable_gqa: bool) -> t
     return attrs_for(op, {"is_causal": is_causal, "scale": scale, "enable_gqa": enable_gqa})
 
 
-def _training_forward(q: Any, k: Any, v: Any, mask: Any, attrs: tuple) -> tuple[Any, Any]:
+def _training_forward(q: Any, k: Any, v: Any, mask: Any, attrs: tuple, policy: Any = None) -> tuple[Any, Any]:
     """(out, logsumexp) from `attention_forward`, or (None, None) when it cannot take the call."""
     if not has_op("attention_forward"):
         return None, None
     lse = torch.empty((*q.shape[:-2], q.shape[-2]), dtype=torch.float32, device=q.device)
-    out = dispatch("attention_forward", (q, k, v, mask, lse), attrs, warn=False)  # `attention` is tried next
+    out = dispatch("attention_forward", (q, k, v, mask, lse), attrs, warn=False, policy=policy)  # `attention` next
     return (out, lse) if out is not None else (None, None)
 
 
@@ -76,8 +76,7 @@ class AttentionFunction(torch.autograd.Function):
         ctx.policy = family_policy(ctx.user_policy)
         ctx.is_causal, ctx.scale, ctx.enable_gqa = is_causal, scale, enable_gqa
         ctx.attrs = _attrs("attention_forward", is_causal, scale, enable_gqa) if has_op("attention_forward") else ()
-        with using(ctx.policy):
-            out, lse = _training_forward(q, k, v, mask, ctx.attrs)
+        out, lse = _training_forward(q, k, v, mask, ctx.attrs, ctx.policy)
         if out is None:  # no training forward for this call: the plain op, and PyTorch's backward
             out = _inference_forward(q, k, v, mask, is_causal, scale, enable_gqa)
         if out is None:
@@ -94,8 +93,7 @@ class AttentionFunction(torch.autograd.Function):
             if fell_back("attention_forward", (q, k, v, mask, lse), ctx.attrs, policy):
                 policy = without(policy, _BACKWARD_OPS, ctx.user_policy)  # its warning was given once already
             attrs = _attrs("attention_backward", ctx.is_causal, ctx.scale, ctx.enable_gqa)
-            with using(policy):
-                packed = dispatch("attention_backward", (dout, q, k, v, out, lse, mask), attrs)
+            packed = dispatch("attention_backward", (dout, q, k, v, out, lse, mask), attrs, policy=policy)
             if packed is not None:
                 grads = _unpack(packed, q, k, v)
         if grads is None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from ..policy import KernelPolicy, current_policy
-from .families import family_policy, using
+from .families import family_policy
 from .routing import ALL_OPS, attrs_for, dispatch, routed_ops, tls, wants
 
 # the out= overloads are separate aten operators (never overridden); the torch.* bindings reach them
@@ -42,8 +42,7 @@ def _as_linear(bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor, policy: Ker
     derived = family_policy(policy)
     if "linear" not in routed_ops(derived) and ALL_OPS not in routed_ops(derived):
         return None
-    with using(derived):
-        return dispatch("linear", (a, b.t(), bias), attrs_for("linear", {}))
+    return dispatch("linear", (a, b.t(), bias), attrs_for("linear", {}), policy=derived)
 
 
 def addmm(bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, beta: float = 1, alpha: float = 1) -> torch.Tensor:

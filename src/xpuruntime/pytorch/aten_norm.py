@@ -56,8 +56,8 @@ def _routed_grads(ctx: Any, dy: torch.Tensor) -> tuple | None:
     policy = ctx.policy
     if fell_back(ctx.op, _inputs(ctx.op, x, weight, bias), (ctx.normalized_shape, ctx.raw_eps), policy):
         policy = without(policy, (op,), ctx.user_policy)  # the forward's fallback warning was enough
-    with using(policy):
-        result = dispatch(op, inputs, attrs_for(op, {"normalized_shape": ctx.normalized_shape, "eps": ctx.eps}))
+    attrs = attrs_for(op, {"normalized_shape": ctx.normalized_shape, "eps": ctx.eps})
+    result = dispatch(op, inputs, attrs, policy=policy)
     if result is None:
         return None
     grads = [*unpack_norm_grads(result, x, ctx.normalized_shape, 2 if ctx.op == "layer_norm" else 1), None]
@@ -87,8 +87,7 @@ class NormFunction(torch.autograd.Function):
         ctx.policy = family_policy(ctx.user_policy)
         ctx.op, ctx.normalized_shape, ctx.eps, ctx.raw_eps = op, normalized_shape, eps, eps
         ctx.save_for_backward(x, weight, bias)
-        with using(ctx.policy):
-            out = _forward(op, x, weight, bias, normalized_shape, eps)
+        out = _forward(op, x, weight, bias, normalized_shape, eps, ctx.policy)
         if out is None:
             out = _torch_forward(op, x, weight, bias, normalized_shape, eps)
         if ctx.eps is None:  # rms_norm's default: the input dtype's epsilon
@@ -110,8 +109,8 @@ def _inputs(op: str, x: Any, weight: Any, bias: Any) -> tuple:
     return (x, weight, bias) if op == "layer_norm" else (x, weight)
 
 
-def _forward(op: str, x: Any, weight: Any, bias: Any, normalized_shape: tuple, eps: Any) -> Any:
-    return dispatch(op, _inputs(op, x, weight, bias), (normalized_shape, eps))
+def _forward(op: str, x: Any, weight: Any, bias: Any, normalized_shape: tuple, eps: Any, policy: Any = None) -> Any:
+    return dispatch(op, _inputs(op, x, weight, bias), (normalized_shape, eps), policy=policy)
 
 
 def _torch_forward(op: str, x: Any, weight: Any, bias: Any, normalized_shape: tuple, eps: Any) -> Any:

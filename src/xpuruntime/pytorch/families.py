@@ -16,14 +16,8 @@ from typing import Any
 from .. import policy as _core_policy
 from ..arguments import plan_key
 from ..policy import AUTOTUNE, KernelPolicy, current_policy
-from .routing import get_dispatcher
+from .routing import FAMILIES, get_dispatcher
 
-FAMILIES = {
-    "attention": ("attention_forward", "attention_backward"),
-    "layer_norm": ("layer_norm_backward",),
-    "rms_norm": ("rms_norm_backward",),
-    "matmul": ("linear",),
-}
 _derived: dict[tuple, KernelPolicy] = {}
 
 

@@ -58,6 +58,14 @@ def get_dispatcher() -> Any:
 
 
 ALL_OPS = "*"
+# An op's companions: a policy naming a kernel for the op names it for these too (see `families`), so
+# the overrides a policy needs include the companions' (the set never changes inside a backward).
+FAMILIES = {
+    "attention": ("attention_forward", "attention_backward"),
+    "layer_norm": ("layer_norm_backward",),
+    "rms_norm": ("rms_norm_backward",),
+    "matmul": ("linear",),
+}
 _routed: dict[int, frozenset[str]] = {}
 
 
@@ -66,6 +74,7 @@ def routed_ops(policy: Any) -> frozenset[str]:
     ops = _routed.get(policy.fingerprint)
     if ops is None:
         names = set(policy.preferences) | set(getattr(policy, "autotune_ops", ()))
+        names.update(*(FAMILIES.get(op, ()) for op in list(names)))
         if getattr(policy, "autotune", False):
             names.add(ALL_OPS)
         ops = _routed[policy.fingerprint] = frozenset(names)
@@ -80,28 +89,29 @@ def wants(op: str) -> bool:
     return op in ops or ALL_OPS in ops
 
 
-def dispatch(op: str, inputs: tuple, attrs: tuple = (), warn: bool = True) -> Any:
-    """Run `op` through the dispatcher; None means 'let PyTorch run it' (see the module docstring).
-    warn=False: the caller has another route to try, whose own fallback warns."""
+def dispatch(op: str, inputs: tuple, attrs: tuple = (), warn: bool = True, policy: Any = None) -> Any:
+    """Run `op` through the dispatcher under `policy` (None: the one in force); None means 'let PyTorch
+    run it' (see the module docstring). warn=False: the caller has another route to try, whose own
+    fallback warns."""
     run = router.run or get_dispatcher().run
     tls.busy = True
     try:
-        return run(op, inputs, attrs)
+        return run(op, inputs, attrs, None, policy)
     except _NOT_OURS:
         return None
     except UnsupportedByPolicyError:
         raise
     except NoKernelError as exc:
         if warn:
-            _warn_no_kernel(op, exc)
+            _warn_no_kernel(op, exc, policy or current_policy())
         return None
     finally:
         tls.busy = False
 
 
-def _warn_no_kernel(op: str, exc: NoKernelError) -> None:
+def _warn_no_kernel(op: str, exc: NoKernelError, policy: Any) -> None:
     """One warning per op and preferred kernel when PyTorch's kernel runs instead of the policy's."""
-    preferred = current_policy().preferences.get(op)
+    preferred = policy.preferences.get(op)
     if preferred is None or (op, preferred) in _warned_ops:
         return  # an op the policy does not name (e.g. a backward op) just keeps PyTorch's kernel
     _warned_ops.add((op, preferred))

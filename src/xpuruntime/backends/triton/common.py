@@ -139,12 +139,13 @@ def _spec(value: Any) -> Any:
 
 
 def launch(fn: Any, grid: tuple[int, ...], *args: Any, num_warps: int = 4, num_stages: int | None = None,
-           **constexprs: Any) -> None:  # fmt: skip
-    """fn[grid](*args, **constexprs), with the compiled kernel reused directly after the first call."""
+           **constexprs: Any) -> Any:  # fmt: skip
+    """fn[grid](*args, **constexprs), with the compiled kernel reused directly after the first call.
+    Returns the compiled kernel (None under the interpreter)."""
     options = {"num_warps": num_warps} if num_stages is None else {"num_warps": num_warps, "num_stages": num_stages}
     if INTERPRET:
         fn[grid](*args, **options, **constexprs)
-        return
+        return None
     runtime, current_device, current_stream = _RUNTIME or _runtime()
     hooked = runtime.launch_enter_hook is not None or runtime.launch_exit_hook is not None
     device = current_device()  # a compiled kernel is loaded per device
@@ -155,9 +156,10 @@ def launch(fn: Any, grid: tuple[int, ...], *args: Any, num_warps: int = 4, num_s
         if kernel is not None and not hooked and getattr(kernel, "function", None) is not None:
             tail = tuple(constexprs[name] for name in fn.arg_names if name in constexprs)
             _COMPILED[key] = (kernel, tail)
-        return
+        return kernel
     kernel, tail = entry
     g1 = grid[1] if len(grid) > 1 else 1
     g2 = grid[2] if len(grid) > 2 else 1
     stream = current_stream(device)
     kernel.run(grid[0], g1, g2, stream, kernel.function, kernel.packed_metadata, None, None, None, *args, *tail)
+    return kernel

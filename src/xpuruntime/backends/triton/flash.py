@@ -19,6 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .common import launch
+
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 MASK_NONE, MASK_BOOL, MASK_ADD = 0, 1, 2
@@ -299,14 +301,14 @@ def forward(
     grid = (triton.cdiv(L, cfg.block_m), B * H)
     if cfg.tma and mask is None and tma_ready(q, k, v):
         bd = block_d(D)
-        return _fwd_tma_kernel[grid](
+        return _fwd_tma_kernel[grid](  # descriptors: Triton's own launch path
             _descriptor(q, cfg.block_m, bd), _descriptor(k, cfg.block_n, bd), _descriptor(v, cfg.block_n, bd),
             out, out if lse is None else lse, *out.stride(), H, H // Hk, L, S, scale * LOG2E,
             HEAD_DIM=D, BLOCK_D=bd, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal,
             STORE_LSE=lse is not None, WS=cfg.ws, num_warps=cfg.warps, num_stages=cfg.stages,
         )  # fmt: skip
-    return _fwd_kernel[grid](
-        q, k, v, q if mask is None else mask, out, out if lse is None else lse,
+    return launch(
+        _fwd_kernel, grid, q, k, v, q if mask is None else mask, out, out if lse is None else lse,
         *q.stride(), *k.stride(), *v.stride(), *_strides4(mask), *out.stride(),
         H, H // Hk, L, S, scale * LOG2E,
         HEAD_DIM=D, BLOCK_D=block_d(D), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
@@ -561,9 +563,10 @@ def backward(
 
 def launch_delta(out: torch.Tensor, do: torch.Tensor, delta: torch.Tensor) -> None:
     B, H, L, D = out.shape
-    _delta_kernel[(triton.cdiv(L, 64), B * H)](
-        out, do, delta, *out.stride(), *do.stride(), H, L, HEAD_DIM=D, BLOCK_D=block_d(D), BLOCK_M=64
-    )
+    launch(
+        _delta_kernel, (triton.cdiv(L, 64), B * H), out, do, delta, *out.stride(), *do.stride(), H, L,
+        HEAD_DIM=D, BLOCK_D=block_d(D), BLOCK_M=64,
+    )  # fmt: skip
 
 
 def launch_dkdv(
@@ -572,7 +575,8 @@ def launch_dkdv(
 ) -> object:  # fmt: skip
     B, H, L, D = q.shape
     Hk, S = k.shape[1], k.shape[2]
-    return _dkdv_kernel[(triton.cdiv(S, cfg.block_n), B * Hk)](
+    return launch(
+        _dkdv_kernel, (triton.cdiv(S, cfg.block_n), B * Hk),
         q, k, v, q if mask is None else mask, do, lse, delta, dk, dv,
         *q.stride(), *k.stride(), *v.stride(), *_strides4(mask), *do.stride(), *dk.stride(), *dv.stride(),
         H, Hk, H // Hk, L, S, scale * LOG2E, scale,
@@ -587,7 +591,8 @@ def launch_dq(
 ) -> object:  # fmt: skip
     B, H, L, D = q.shape
     Hk, S = k.shape[1], k.shape[2]
-    return _dq_kernel[(triton.cdiv(L, cfg.block_m), B * H)](
+    return launch(
+        _dq_kernel, (triton.cdiv(L, cfg.block_m), B * H),
         q, k, v, q if mask is None else mask, do, lse, delta, dq,
         *q.stride(), *k.stride(), *v.stride(), *_strides4(mask), *do.stride(), *dq.stride(),
         H, H // Hk, L, S, scale * LOG2E, scale,
