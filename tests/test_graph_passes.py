@@ -21,6 +21,7 @@ from xpuruntime.graph.passes import (
     layer_norm_fusion,
     layout_cleanup,
     linear_fusion,
+    matmul_packing,
     optimize,
     shape_inference,
 )  # fmt: skip
@@ -199,6 +200,39 @@ def test_linear_fusion() -> None:
     gpu = lambda graph, c: linear_fusion.run(graph, PassContext(c.available_ops, "cuda"))  # noqa: E731
     out = check_pass(g, gpu, feeds)
     assert [n.op for n in out.nodes] == ["linear"] and out.nodes[0].attrs["activation"] == "relu"
+
+
+def projections(biased: bool, k: int = 6) -> tuple[list, dict]:
+    """x @ Wq, x @ Wk, x @ Wv (+ bq, bk, bv), each reshaped to heads as attention's projections are."""
+    nodes, consts = [], {"heads": np.array([2, 3, 2, -1], np.int64)}
+    for name, n in (("q", 4), ("k", 4), ("v", 6)):
+        consts[f"w{name}"] = rng.standard_normal((k, n)).astype(np.float32)
+        nodes.append(helper.make_node("MatMul", ["x", f"w{name}"], [f"{name}_mm"]))
+        if biased:
+            consts[f"b{name}"] = rng.standard_normal(n).astype(np.float32)
+            nodes.append(helper.make_node("Add", [f"b{name}", f"{name}_mm"], [f"{name}_b"]))  # bias first
+        nodes.append(helper.make_node("Reshape", [f"{name}_b" if biased else f"{name}_mm", "heads"], [name]))
+    return nodes, consts
+
+
+@pytest.mark.parametrize("biased", [True, False])
+def test_matmul_packing_makes_one_gemm_and_a_split(biased: bool) -> None:
+    nodes, consts = projections(biased)
+    outputs = [vi("q", [2, 3, 2, 2]), vi("k", [2, 3, 2, 2]), vi("v", [2, 3, 2, 3])]
+    g = model(nodes, [vi("x", [2, 3, 6])], outputs, consts)
+    out = check_pass(g, matmul_packing.run, {"x": rng.standard_normal((2, 3, 6)).astype(np.float32)})
+    ops = [n.op for n in out.nodes]
+    assert ops == ["MatMul", *(["Add"] if biased else []), "Split", "Reshape", "Reshape", "Reshape"]
+    assert out.constant(out.nodes[0].inputs[1]).shape == (6, 14)
+    assert matmul_packing.run(g.copy(), PassContext(ctx().available_ops, "cuda")) == 0  # CPU graphs only
+
+
+def test_matmul_packing_leaves_lone_or_mismatched_matmuls() -> None:
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["a"]), helper.make_node("MatMul", ["a", "w2"], ["b"]),
+             helper.make_node("MatMul", ["x", "s"], ["c"])]  # fmt: skip
+    consts = {"w1": np.ones((6, 6), np.float32), "w2": np.ones((6, 2), np.float32)}
+    g = model(nodes, [vi("x", [3, 6]), vi("s", [6, 2])], [vi("b", [3, 2]), vi("c", [3, 2])], consts)
+    assert matmul_packing.run(g, ctx()) == 0  # one constant-weight MatMul per activation (s is an input)
 
 
 def test_elementwise_fusion_makes_one_node_per_chain() -> None:

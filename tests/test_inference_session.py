@@ -78,6 +78,21 @@ def test_results_never_share_reused_buffers(encoder: bytes) -> None:
     assert plan.reused_buffers > 0
 
 
+def test_bound_runs_match_runs_without_reuse(encoder: bytes) -> None:
+    """The shared-buffer run does its fixed parts once (views of buffers taken, launches prebuilt); its
+    results equal those of a run that allocates everything, run after run."""
+    bound = InferenceSession(encoder)
+    plain = InferenceSession(encoder, SessionOptions(enable_mem_reuse=False))
+    for seed in range(3):
+        feed = encoder_inputs(2, 6, vocab=50, seed=seed)
+        np.testing.assert_allclose(bound.run(None, feed)[0], plain.run(None, feed)[0], rtol=1e-6, atol=1e-6)
+    plan = bound.plan(feed)
+    assert "Transpose" in {s.node.op for s in plan.steps}
+    assert "Transpose" not in {s.node.op for s in plan.bound_steps}  # views of reused buffers: taken once
+    planned = {id(s) for s in plan.steps}
+    assert any(id(s) not in planned for s in plan.bound_steps)  # kernel steps with a prebuilt launch
+
+
 def test_session_policy_is_used(encoder: bytes) -> None:
     session = InferenceSession(
         encoder, policy="matmul=blocked", sess_options=SessionOptions(graph_optimization_level=1)
@@ -105,7 +120,7 @@ def test_save_optimized_graph_and_profile(encoder: bytes, tmp_path, monkeypatch:
     session.run(None, encoder_inputs(2, 5, vocab=50))
     session.run(None, encoder_inputs(2, 5, vocab=50))
     trace = json.loads((tmp_path / session.end_profiling()).read_text())
-    assert len(trace["traceEvents"]) == len(next(iter(session._plans.values())).steps)
+    assert len(trace["traceEvents"]) == len(next(iter(session._plans.values())).bound_steps)  # the steps run
 
 
 def test_cli_run_builtin_and_file(tmp_path, capsys: pytest.CaptureFixture) -> None:

@@ -6,10 +6,15 @@ a step. A step is either a kernel launch with a Plan from the dispatcher (chosen
 selector under the session's policy) or a NumPy function of the op map. After the planning run, the
 outputs of kernel steps whose lifetimes do not overlap share buffers (memory reuse), and those buffers
 are kept from run to run. Graph outputs always get fresh memory.
+
+A run with the shared buffers then needs no per-step lookups for what is fixed (constants, buffers and
+views of them): those values sit in the bound template, view steps on them are done once, and a kernel
+step whose arrays are all fixed launches an ArgPack built once (`_bind`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable
@@ -44,6 +49,7 @@ class Step:
     fn: Callable | None = None  # the op-map function for numpy steps
     note: str = ""  # why a node with an xrt lowering runs as NumPy
     buffer_slot: int = 0  # where a kernel step finds its reused output buffer (slot 0: None, allocate)
+    flat: bool = False  # a kernel step's MatMul runs on (M, K) views (see lowering.flattens)
     last_out: Any = None  # the array the kernel wrote on the planning run (the buffer's shape and dtype)
     run: Callable[[list], None] = field(default=lambda env: None, repr=False)
 
@@ -68,28 +74,29 @@ class ExecutionPlan:
     reused_buffers: int = 0
     profile: list[tuple[str, float]] = field(default_factory=list)
     plain_template: list | None = None  # the template without the reused buffers (for concurrent runs)
+    bound_template: list | None = None  # the template plus every fixed value of a shared-buffer run
+    bound_steps: list[Step] = field(default_factory=list)  # what is left to run with it (see _bind)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def run(self, feeds: list[np.ndarray], profiling: bool = False) -> list[Any]:
         """Run the steps; a run that finds another one using the shared buffers allocates its own."""
         if self.plain_template is None:
-            return self._run(self.template, feeds, profiling)
+            return self._run(self.template, self.steps, feeds, profiling)
         if not self.lock.acquire(blocking=False):
-            return self._run(self.plain_template, feeds, profiling)
+            return self._run(self.plain_template, self.steps, feeds, profiling)
         try:
-            return self._run(self.template, feeds, profiling)
+            return self._run(self.bound_template, self.bound_steps, feeds, profiling)
         finally:
             self.lock.release()
 
-    def _run(self, template: list, feeds: list[np.ndarray], profiling: bool) -> list[Any]:
+    def _run(self, template: list, steps: list[Step], feeds: list[np.ndarray], profiling: bool) -> list[Any]:
         with np.errstate(all="ignore"):  # inf/NaN follow IEEE rules silently, as in onnxruntime
-            return self._steps(template, feeds, profiling)
+            return self._steps(template, steps, feeds, profiling)
 
-    def _steps(self, template: list, feeds: list[np.ndarray], profiling: bool) -> list[Any]:
+    def _steps(self, template: list, steps: list[Step], feeds: list[np.ndarray], profiling: bool) -> list[Any]:
         env = template.copy()
         for slot, array in zip(self.input_slots, feeds):
             env[slot] = array
-        steps = self.steps
         index = 0
         try:
             if profiling:
@@ -193,6 +200,7 @@ class Planner:
             plan.plain_template = list(template)
             plan.reused_buffers = _assign_buffers(plan, values, set(output_slots) | set(input_slots))
             plan.plain_template += [None] * (len(plan.template) - len(plan.plain_template))
+            _bind(plan)
         outputs = [_output(values[s]) for s in output_slots]
         return plan, outputs
 
@@ -308,7 +316,7 @@ def _kernel_step(
 ) -> Step:
     """A launch of the planned kernel; with `flat`, a MatMul's (..., K) input is viewed as (M, K) and the
     (M, N) result as (..., N)."""
-    step = Step(node, "kernel", tuple(ins), outs, plan=plan)
+    step = Step(node, "kernel", tuple(ins), outs, plan=plan, flat=flat)
     padded = (*ins, *(0,) * (arity - len(ins)))  # slot 0 always holds None: optional inputs left out
     (o,) = outs[:1]
     launch, attrs, config = plan.launch, plan.attrs, plan.config
@@ -405,6 +413,68 @@ def _assign_buffers(plan: ExecutionPlan, values: list, pinned: set[int]) -> int:
         plan.template.append(buffer)
         releasing.append((end[slot], slot, key, buffer))
     return reused
+
+
+def _bind(plan: ExecutionPlan) -> None:
+    """Make the shared-buffer run's bound template and steps. A value is fixed (set in the bound template)
+    when it is the same array in every such run: a constant, a kernel step's reused buffer, a view of one.
+    Views of fixed values are taken once, here, and kernel steps reading and writing only fixed arrays get
+    a prebuilt launch."""
+    template = list(plan.template)
+    constants = {i for i, v in enumerate(plan.plain_template) if v is not None}
+    sizes = [s.plan.workspace_bytes for s in plan.steps if s.kind == "kernel"]
+    workspace = np.empty(max(sizes, default=0), np.uint8)  # bound launches run one at a time (plan.lock)
+    steps = []
+    for step in plan.steps:
+        if step.kind == "kernel":
+            steps.append(_bind_kernel(step, template, workspace))
+        elif not _take_fixed_view(step, template, constants):
+            steps.append(step)
+    plan.bound_template, plan.bound_steps = template, steps
+
+
+def _bind_kernel(step: Step, template: list, workspace: np.ndarray) -> Step:
+    """A kernel step with a reused buffer has a fixed output; if its inputs are fixed too (and it needs no
+    stream or sync), a copy of the step that launches one ArgPack built now."""
+    plan = step.plan
+    if not step.buffer_slot:
+        return step
+    out = template[step.buffer_slot]
+    padded = (*step.inputs, *(0,) * (len(plan.schema.inputs) - len(step.inputs)))
+    inputs = [template[i] for i in padded]
+    if step.flat:
+        a = inputs[0]
+        if a is None:  # not fixed: the output's shape is known only at run time
+            return step
+        inputs[0] = np.reshape(a, (-1, a.shape[-1]), copy=False)  # a fixed array keeps the planned layout
+        template[step.outputs[0]] = out.reshape(*a.shape[:-1], out.shape[-1])
+    else:
+        template[step.outputs[0]] = out
+    if any(i and template[i] is None for i in padded) or plan.current_stream is not None or plan.finish is not None:
+        return step
+    scratch = workspace[: plan.workspace_bytes] if plan.workspace_bytes else None
+    pack = ArgPack(tuple(inputs), out, plan.attrs, plan.config, scratch)
+    launch = plan.launch
+    return dataclasses.replace(step, run=lambda env: launch(pack))
+
+
+def _take_fixed_view(step: Step, template: list, constants: set[int]) -> bool:
+    """Run once, now, a NumPy step that only takes views of a fixed array (a Reshape or Transpose of a
+    reused buffer, a Split of one): True, with its outputs stored in the template as fixed values."""
+    if step.fn is None or not step.inputs or template[step.inputs[0]] is None:
+        return False
+    if any(i not in constants for i in step.inputs[1:]):  # e.g. a Reshape's target shape
+        return False
+    x = template[step.inputs[0]]
+    result = step.fn(*[template[i] for i in step.inputs])
+    results = tuple(result) if isinstance(result, tuple | list) else (result,)
+    if len(results) < len(step.outputs):
+        return False
+    if not all(isinstance(r, np.ndarray) and np.may_share_memory(r, x) for r in results[: len(step.outputs)]):
+        return False  # a copy: its contents would be this moment's
+    for slot, r in zip(step.outputs, results):
+        template[slot] = r
+    return True
 
 
 def run_graph(graph: Graph, feeds: dict[str, np.ndarray], dispatcher: Dispatcher | None = None) -> list[Any]:

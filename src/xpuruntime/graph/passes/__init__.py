@@ -3,7 +3,7 @@
 Each pass is a function `(graph, ctx) -> number of changes` in its own module; it edits the graph in
 place and must never change what the graph computes. Levels (as onnxruntime's): 0 disabled (shape
 inference only), 1 basic (folding, CSE, cleanups, dead nodes), 2 extended (+ pattern fusion into
-registered ops: GELU, layer norm, attention, linear), 99 all (+ elementwise fusion).
+registered ops: GELU, layer norm, attention, linear), 99 all (+ MatMul packing, elementwise fusion).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from . import (
     layer_norm_fusion,
     layout_cleanup,
     linear_fusion,
+    matmul_packing,
     shape_inference,
 )  # fmt: skip
 
@@ -60,6 +61,7 @@ PIPELINE: tuple[tuple[int, str, Pass], ...] = (
     (EXTENDED, "layer_norm_fusion", layer_norm_fusion.run),
     (EXTENDED, "attention_fusion", attention_fusion.run),
     (EXTENDED, "linear_fusion", linear_fusion.run),
+    (ALL, "matmul_packing", matmul_packing.run),
     (ALL, "elementwise_fusion", elementwise_fusion.run),
     (BASIC, "dead_code", dead_code.run),
 )
