@@ -11,6 +11,7 @@ from xpuruntime.dispatch import Dispatcher
 from xpuruntime.plan import PlanCache
 from xpuruntime.policy import KernelPolicy
 from xpuruntime.registry import kernel
+from xpuruntime.runtime.workspace import WorkspaceManager
 
 
 def counting_dispatcher(monkeypatch, *kernels):
@@ -101,3 +102,32 @@ def test_plan_records_launch_config_and_workspace():
     assert plan.config.grid == (2, 3)
     assert plan.workspace_bytes == 2 * 128 * 256 * 4
     assert "chunked" in repr(plan) and "BLOCK_K=256" in repr(plan)
+
+
+def test_fallback_plans_are_noted_per_op_and_policy(monkeypatch):
+    """`Dispatcher.fallbacks` lets the PyTorch front end skip building a plan key in every backward."""
+    dispatcher, _ = counting_dispatcher(monkeypatch, {"name": "a"}, {"name": "f64", "dtypes": {"float64"}})
+    prefers_f64 = KernelPolicy(toy="f64", validate=False)
+    with xrt.kernel_policy(prefers_f64):
+        dispatcher.run("toy", (np.ones(3, np.float64),))  # the preferred kernel runs: no fallback
+        assert dispatcher.fallbacks == set()
+        with pytest.warns(xrt.KernelFallbackWarning):
+            dispatcher.run("toy", (np.ones(3, np.float32),))
+    assert dispatcher.fallbacks == {("toy", prefers_f64.fingerprint)}
+
+
+def test_workspace_views_are_reused_until_the_buffer_grows():
+    manager = WorkspaceManager()
+    empty = lambda shape, dtype, device, stream: np.zeros(shape, dtype)  # noqa: E731
+    first = manager.lend(64, "cpu", empty)
+    assert manager.lend(64, "cpu", empty) is first  # the cached view: no slicing per call
+    smaller = manager.lend(32, "cpu", empty)
+    assert smaller.nbytes == 32 and np.shares_memory(first, smaller)
+    grown = manager.lend(128, "cpu", empty)
+    again = manager.lend(64, "cpu", empty)
+    assert again is not first and again.nbytes == 64 and np.shares_memory(again, grown)
+    assert not np.shares_memory(again, first) and manager.peak_bytes == 128
+    stream_a, stream_b = object(), object()  # one buffer per stream: never shared scratch
+    on_a, on_b = manager.lend(64, "cpu", empty, stream_a), manager.lend(64, "cpu", empty, stream_b)
+    assert not np.shares_memory(on_a, on_b) and not np.shares_memory(on_a, again)
+    assert manager.lend(64, "cpu", empty, stream_a) is on_a

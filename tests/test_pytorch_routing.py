@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import warnings
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -12,7 +13,8 @@ from pytorch_cpu_routing import CALLS, policy, routed_registry
 
 import xpuruntime as xrt
 import xpuruntime.pytorch as xtorch
-from xpuruntime.pytorch import overrides
+from xpuruntime.pytorch import aten_norm, families, overrides, routing
+from xpuruntime.registry import kernel
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning:torch")
 
@@ -299,3 +301,41 @@ def test_training_steps_never_rebuild_the_overrides(cpu_routing, monkeypatch):
         step()
     assert CALLS["linear"] == 6 and CALLS["layer_norm"] == 3 and CALLS["matmul"] > 0
     assert rebuilds == []
+
+
+def test_layer_norm_run_by_pytorch_keeps_its_stats_for_the_backward(cpu_routing, monkeypatch):
+    """A forward the dispatcher hands back (NumPy has no bfloat16) runs native_layer_norm, whose mean and
+    rstd the backward reuses instead of recomputing them: the gradients are eager PyTorch's, bit for bit."""
+    x = torch.randn(4, 6, dtype=torch.bfloat16, requires_grad=True)
+    weight = torch.randn(6, dtype=torch.bfloat16, requires_grad=True)
+    bias = torch.randn(6, dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn(4, 6, dtype=torch.bfloat16)
+    ref = torch.autograd.grad(F.layer_norm(x, (6,), weight, bias), (x, weight, bias), dy)
+    monkeypatch.setattr(aten_norm, "_stats", lambda *a: pytest.fail("stats recomputed"))
+    xtorch.set_kernel_policy(policy("layer_norm", registry=cpu_routing))
+    y = F.layer_norm(x, (6,), weight, bias)
+    grads = torch.autograd.grad(y, (x, weight, bias), dy)
+    assert CALLS["layer_norm"] == 0 and CALLS["layer_norm_backward"] == 0
+    for g, r in zip(grads, ref):
+        assert torch.equal(g, r)
+
+
+def test_fell_back_builds_a_plan_key_only_after_a_fallback(cpu_routing, monkeypatch):
+    """The backward asks whether its forward fell back; without any fallback plan that costs no key."""
+    cpu_routing.register_kernel(
+        kernel("matmul", "f64", backend="torchcpu", dtypes={"float64"})(
+            lambda args: np.matmul(*args.inputs, out=args.out)
+        )
+    )
+    prefers_test_mm = policy("matmul", registry=cpu_routing)
+    a32, a64 = np.ones((2, 2), np.float32), np.ones((2, 2), np.float64)
+    keys = []
+    real = families.plan_key
+    monkeypatch.setattr(families, "plan_key", lambda *args: keys.append(args) or real(*args))
+    run = routing.get_dispatcher().run
+    run("matmul", (a32, a32), (), None, prefers_test_mm)
+    assert not families.fell_back("matmul", (a32, a32), (), prefers_test_mm) and keys == []
+    with pytest.warns(xrt.KernelFallbackWarning):
+        run("matmul", (a64, a64), (), None, prefers_test_mm)
+    assert families.fell_back("matmul", (a64, a64), (), prefers_test_mm)
+    assert not families.fell_back("matmul", (a32, a32), (), prefers_test_mm) and len(keys) == 2

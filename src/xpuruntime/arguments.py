@@ -99,6 +99,8 @@ def attr_values(schema: OpSchema, attrs: Mapping[str, Any]) -> tuple:
 
 def coerce_input(schema: OpSchema, name: str, x: Any, specs: bool = False) -> Any:
     """One input as the dispatcher takes it; NumPy scalars count as Python numbers where the op takes those."""
+    if type(x) is arrays.loaded_tensor_type and x.is_cpu:  # the common case first: a plain CPU tensor
+        return cpu_tensor_view(schema.name, name, x)
     if isinstance(x, np.generic) and name in schema.scalars:
         return x.item()
     if isinstance(x, np.ma.MaskedArray):
@@ -118,9 +120,11 @@ def coerce_input(schema: OpSchema, name: str, x: Any, specs: bool = False) -> An
 def coerce_out(op: str, out: Any) -> Any:
     """`out` must already be an array (it is written in place); ndarray subclasses are viewed as ndarrays,
     CPU tensors as NumPy arrays sharing their memory."""
+    if out is None:
+        return None
     if is_cpu_tensor(out):
         return cpu_tensor_view(op, "out", out)
-    if out is None or type(out) is ndarray or is_torch_tensor(out):
+    if type(out) is ndarray or is_torch_tensor(out):
         return out
     if isinstance(out, ndarray):
         return np.asarray(out)
@@ -137,4 +141,9 @@ def cpu_tensor_view(op: str, name: str, x: Any) -> ndarray:
 
 def has_cpu_tensor(inputs: tuple, out: Any) -> bool:
     """Whether a call passes any CPU tensor (its output then comes back as a CPU tensor)."""
-    return is_cpu_tensor(out) or any(is_cpu_tensor(x) for x in inputs)
+    return any(_is_cpu_tensor(x) for x in (*inputs, out))
+
+
+def _is_cpu_tensor(x: Any) -> bool:
+    """`is_cpu_tensor`, with a fast test for plain tensors (x.is_cpu builds no torch.device)."""
+    return x.is_cpu if type(x) is arrays.loaded_tensor_type else is_cpu_tensor(x)

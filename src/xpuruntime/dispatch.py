@@ -61,6 +61,9 @@ class Dispatcher:
         self.plans = PlanCache(plan_cache_size)
         self.workspaces = WorkspaceManager()
         self._warned: set[Hashable] = set()
+        # (op, policy fingerprint) of every plan made as a fallback: asking whether a call's plan fell
+        # back needs no plan key for the pairs not in here (the PyTorch front end asks in each backward)
+        self.fallbacks: set[tuple[str, Hashable]] = set()
         self.registry.on_change(self.plans.invalidate)
 
     # -- the hot path ------------------------------------------------------------------------
@@ -120,6 +123,7 @@ class Dispatcher:
         generation = self.registry.generation
         decision = self.decide(op, inputs, attrs, out, policy)
         if decision.reason == "fallback":
+            self.fallbacks.add((op, policy.fingerprint))
             self._warn_fallback(decision, key)
         elif decision.reason == "auto" and policy.tunes(op):
             from .autotune import tune

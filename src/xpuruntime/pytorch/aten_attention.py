@@ -9,7 +9,6 @@ forward dispatches `attention_forward` (which also fills the logsumexp) and whos
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
@@ -17,7 +16,7 @@ import torch
 from ..policy import current_policy
 from .autograd_common import any_requires_grad, plain
 from .families import family_policy, fell_back, using, without
-from .routing import attrs_for, dispatch, has_op, wants
+from .routing import attrs_for, dispatch, has_op, memoized, wants
 
 _SDPA = torch.ops.aten.scaled_dot_product_attention.default
 _BACKWARD_OPS = ("attention_backward",)
@@ -32,7 +31,10 @@ def _torch_sdpa(q, k, v, mask, dropout_p=0.0, is_causal=False, scale=None, enabl
 
 
 def _attrs(op: str, is_causal: bool, scale: float | None, enable_gqa: bool) -> tuple:
-    return attrs_for(op, {"is_causal": is_causal, "scale": scale, "enable_gqa": enable_gqa})
+    """The op's attribute tuple (made once per op and values: `attrs_for` walks the schema)."""
+    key = (op, is_causal, scale, type(scale), enable_gqa)
+    values = {"is_causal": is_causal, "scale": scale, "enable_gqa": enable_gqa}
+    return memoized(key, lambda: attrs_for(op, values))
 
 
 def _training_forward(q: Any, k: Any, v: Any, mask: Any, attrs: tuple, policy: Any = None) -> tuple[Any, Any]:
@@ -48,15 +50,15 @@ def _inference_forward(q: Any, k: Any, v: Any, mask: Any, is_causal: bool, scale
     if enable_gqa and q.shape[-3] != k.shape[-3]:
         out, _ = _training_forward(q, k, v, mask, _attrs("attention_forward", is_causal, scale, enable_gqa))
         return out
-    return dispatch("attention", (q, k, v, mask), attrs_for("attention", {"is_causal": is_causal, "scale": scale}))
+    return dispatch("attention", (q, k, v, mask), _attrs("attention", is_causal, scale, enable_gqa))
 
 
 def _unpack(packed: torch.Tensor, q: Any, k: Any, v: Any) -> tuple:
     """dq, dk, dv from attention_backward's flat [dq | dk | dv] output (or a tuple, as some kernels give)."""
     if isinstance(packed, list | tuple):
         return tuple(packed[:3])
-    sizes = [math.prod(t.shape) for t in (q, k, v)]
-    return tuple(part.view(t.shape) for part, t in zip(packed.split(sizes), (q, k, v)))
+    parts = packed.split((q.numel(), k.numel(), v.numel()))
+    return parts[0].view(q.shape), parts[1].view(k.shape), parts[2].view(v.shape)
 
 
 def _torch_grads(saved: tuple, dout: torch.Tensor, ctx: Any) -> tuple:

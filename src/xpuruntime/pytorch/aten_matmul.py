@@ -12,7 +12,7 @@ import torch
 
 from ..policy import KernelPolicy, current_policy
 from .families import family_policy
-from .routing import ALL_OPS, attrs_for, dispatch, routed_ops, tls, wants
+from .routing import ALL_OPS, attrs_for, dispatch, memoized, routed_ops, tls, wants
 
 # the out= overloads are separate aten operators (never overridden); the torch.* bindings reach them
 # with less Python overhead than torch.ops.aten.*.out
@@ -40,9 +40,11 @@ def bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 def _as_linear(bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor, policy: KernelPolicy) -> torch.Tensor | None:
     """x Wᵀ + b through `linear` when the (family-extended) policy names a kernel for it."""
     derived = family_policy(policy)
-    if "linear" not in routed_ops(derived) and ALL_OPS not in routed_ops(derived):
+    steered = routed_ops(derived)
+    if "linear" not in steered and ALL_OPS not in steered:
         return None
-    return dispatch("linear", (a, b.t(), bias), attrs_for("linear", {}), policy=derived)
+    attrs = memoized("linear attrs", lambda: attrs_for("linear", {}))
+    return dispatch("linear", (a, b.t(), bias), attrs, policy=derived)
 
 
 def addmm(bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, beta: float = 1, alpha: float = 1) -> torch.Tensor:

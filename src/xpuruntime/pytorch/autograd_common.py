@@ -2,14 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from typing import Any
 
 import torch
-
-from .. import policy as _core_policy
-from ..policy import KernelPolicy, current_policy
 
 PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 
@@ -34,21 +29,6 @@ def any_requires_grad(*tensors: Any) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
-@contextlib.contextmanager
-def policy_of_forward(policy: KernelPolicy) -> Iterator[None]:
-    """Run a backward under the policy its forward saw (autograd may run it on another thread, after
-    a scoped policy has ended)."""
-    if policy is current_policy():
-        yield
-        return
-    with _core_policy.kernel_policy(policy):
-        yield
-
-
-def as_tuple(result: Any) -> tuple:
-    return tuple(result) if isinstance(result, list | tuple) else (result,)
-
-
 def unpack_norm_grads(result: Any, x: torch.Tensor, normalized_shape: tuple, params: int) -> list:
     """[dx, dweight, (dbias)] from a norm backward op: a tuple, or rows packed as [dx rows; dweight; dbias]."""
     if isinstance(result, list | tuple):
@@ -58,5 +38,8 @@ def unpack_norm_grads(result: Any, x: torch.Tensor, normalized_shape: tuple, par
         n *= d
     rows = x.numel() // n if n else 0
     if result.dim() == 2 and result.shape[0] == rows + params:
-        return [result[:rows].view(x.shape), *(result[rows + i].view(normalized_shape) for i in range(params))]
+        tail = result[rows:]  # the parameter rows: one unbind (plus a view for a multi-dim normalized_shape)
+        if len(normalized_shape) != 1:
+            tail = tail.view(params, *normalized_shape)
+        return [result[:rows].view(x.shape), *tail.unbind(0)]
     return [result, *([None] * params)]

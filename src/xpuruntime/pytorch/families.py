@@ -54,9 +54,13 @@ def using(policy: KernelPolicy) -> Iterator[None]:
 
 
 def fell_back(op: str, inputs: tuple, attrs: tuple, policy: KernelPolicy) -> bool:
-    """Whether the cached plan of an earlier call chose a fallback (its preferred kernel could not run)."""
+    """Whether the cached plan of an earlier call chose a fallback (its preferred kernel could not run).
+    No plan key is built unless some plan of `op` under `policy` fell back (rare)."""
+    dispatcher = get_dispatcher()
+    if (op, policy.fingerprint) not in dispatcher.fallbacks:
+        return False
     try:
-        plan = get_dispatcher().plans.get(plan_key(op, policy.fingerprint, attrs, inputs, None))
+        plan = dispatcher.plans.get(plan_key(op, policy.fingerprint, attrs, inputs, None))
     except Exception:  # an argument the fast key cannot describe: no cached plan to ask
         return False
     return plan is not None and plan.reason == "fallback"

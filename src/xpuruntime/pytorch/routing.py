@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
 from ..dispatch import default_dispatcher
@@ -34,10 +34,13 @@ class _ThreadState(threading.local):
 
 
 class _Router:
-    """The dispatcher the overrides use (the process-wide one unless a test swaps it)."""
+    """The dispatcher the overrides use (the process-wide one unless a test swaps it), and what the
+    overrides derive from its op schemas once instead of per call (`memoized`)."""
 
-    run: Callable[..., Any] | None = None
-    dispatcher: Any = None
+    def __init__(self) -> None:
+        self.run: Callable[..., Any] | None = None
+        self.dispatcher: Any = None
+        self.memo: dict[Hashable, Any] = {}
 
 
 tls = _ThreadState()
@@ -49,6 +52,7 @@ def use_dispatcher(dispatcher: Any = None) -> None:
     """Route through `dispatcher` (None: the process-wide one, made on first use)."""
     router.dispatcher = dispatcher
     router.run = None if dispatcher is None else dispatcher.run
+    router.memo = {}
 
 
 def get_dispatcher() -> Any:
@@ -119,6 +123,22 @@ def _warn_no_kernel(op: str, exc: NoKernelError, policy: Any) -> None:
     warnings.warn(f"{first}; running PyTorch's kernel instead", KernelFallbackWarning, stacklevel=4)
 
 
+_MAX_MEMO = 4096
+_MISSING = object()
+
+
+def memoized(key: Hashable, make: Callable[[], Any]) -> Any:
+    """`make()`, made once per dispatcher and `key`: for values fixed by the op schemas (a registered op's
+    schema never changes), such as attribute tuples and input orders."""
+    value = router.memo.get(key, _MISSING)
+    if value is _MISSING:
+        value = make()
+        if len(router.memo) >= _MAX_MEMO:
+            router.memo.clear()
+        router.memo[key] = value  # router.memo: `make` may have chosen the dispatcher (a new memo)
+    return value
+
+
 def has_op(op: str) -> bool:
     return op in get_dispatcher().registry.ops
 
@@ -130,12 +150,18 @@ def attrs_for(op: str, values: Mapping[str, Any]) -> tuple:
 
 
 def inputs_for(op: str, values: Mapping[str, Any], aliases: Mapping[str, str]) -> tuple | None:
-    """The op's inputs in schema order, found by name (through `aliases`); None if a required one is missing."""
-    schema = get_dispatcher().registry.op(op)
+    """The op's inputs in schema order, found by name (through `aliases`, a module constant); None if a
+    required one is missing."""
     inputs = []
-    for name in schema.inputs:
-        value = values.get(aliases.get(name, name))
-        if value is None and name not in schema.optional:
+    for name, required in memoized(("inputs", op, id(aliases)), lambda: input_names(op, aliases)):
+        value = values.get(name)
+        if value is None and required:
             return None
         inputs.append(value)
     return tuple(inputs)
+
+
+def input_names(op: str, aliases: Mapping[str, str]) -> tuple[tuple[str, bool], ...]:
+    """(name as the overrides supply it, required?) for each of the op's inputs, in schema order."""
+    schema = get_dispatcher().registry.op(op)
+    return tuple((aliases.get(name, name), name not in schema.optional) for name in schema.inputs)

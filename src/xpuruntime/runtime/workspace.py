@@ -18,7 +18,21 @@ class WorkspaceManager:
 
     def lend(self, nbytes: int, device: str, empty: Callable[..., Any], stream: Any = None) -> Any:
         """A uint8 buffer of exactly `nbytes` on `device` for use on `stream` (a view of this thread's
-        cached buffer for that stream: work queued on one stream never shares scratch with another)."""
+        cached buffer for that stream: work queued on one stream never shares scratch with another).
+
+        Hot path: the view itself is cached per (stream, device, size), keyed by the stream's id, which
+        stays unique while the cache holds the stream (torch.cuda.Stream hashes in Python, slowly)."""
+        views = getattr(self._local, "views", None)
+        if views is None:
+            views = self._local.views = {}
+        entry = views.get((id(stream), device, nbytes))
+        if entry is None:
+            entry = views[(id(stream), device, nbytes)] = (stream, self._slice(nbytes, device, empty, stream))
+        return entry[1]
+
+    def _slice(self, nbytes: int, device: str, empty: Callable[..., Any], stream: Any) -> Any:
+        """The first `nbytes` of this thread's buffer for (device, stream), grown if too small (which
+        drops the cached views of the old buffer, so that it can be freed)."""
         buffers = getattr(self._local, "buffers", None)
         if buffers is None:
             buffers = self._local.buffers = {}
@@ -27,4 +41,7 @@ class WorkspaceManager:
         if buffer is None or buffer.shape[0] < nbytes:
             buffer = buffers[key] = empty((nbytes,), "uint8", device, stream)
             self.peak_bytes = max(self.peak_bytes, nbytes)
+            views = self._local.views
+            for old in [k for k, (s, _) in views.items() if s == stream and k[1] == device]:
+                del views[old]
         return buffer[:nbytes]

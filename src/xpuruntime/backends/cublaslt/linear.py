@@ -25,8 +25,8 @@ from .common import (
     check_matrix,
     check_size,
     collapsed_rows,
-    fast_key,
     gemm_launch_config,
+    launch_cached,
 )
 
 FORWARD_EPILOGS = {
@@ -104,16 +104,6 @@ def _plan(args: ArgPack, key: tuple, epilog: str | None, views: tuple, extra: di
     return PLANS.get(key, lambda: GemmPlan(*views, epilog, extra or None, ctype, args.stream))
 
 
-def _hot(args: ArgPack, ptrs: tuple) -> tuple[tuple, bool]:
-    """(plan key, launched?): launch straight from pointers when a raw plan exists for this call."""
-    key = fast_key(args, *ptrs)
-    plan = PLANS.peek(key)
-    if plan is not None and plan.raw:
-        plan.launch(*ptrs, workspace=args.workspace, stream=args.stream, device=args.out.device)
-        return key, True
-    return key, False
-
-
 def _rows(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(math.prod(t.shape[:-1]), t.shape[-1])
 
@@ -127,7 +117,7 @@ def linear_cublaslt(args: ArgPack) -> None:
     """y^T = W x^T with the bias/ReLU/GELU epilogue fused into the GEMM."""
     x, weight, bias = args.inputs
     ptrs = (weight.data_ptr(), x.data_ptr(), args.out.data_ptr(), 0 if bias is None else bias.data_ptr())
-    key, done = _hot(args, ptrs)
+    key, done = launch_cached(args, ptrs)
     if done:
         return
     epilog = FORWARD_EPILOGS[bias is not None, args.attrs["activation"]]
@@ -147,7 +137,7 @@ def linear_grad_input_cublaslt(args: ArgPack) -> None:
     dy, weight, preact = args.inputs
     gelu = args.attrs["activation"] == "gelu"
     ptrs = (weight.data_ptr(), dy.data_ptr(), args.out.data_ptr(), 0, preact.data_ptr() if gelu else 0)
-    key, done = _hot(args, ptrs)
+    key, done = launch_cached(args, ptrs)
     if done:
         return
     views = (weight.t(), _rows(dy).t(), args.out.view(-1, weight.shape[1]).t())
@@ -168,7 +158,7 @@ def linear_grad_weight_cublaslt(args: ArgPack) -> None:
     out_ptr = args.out.data_ptr()
     bgrad_ptr = out_ptr + n * k * args.out.element_size() if with_bias else 0
     ptrs = (x.data_ptr(), dy.data_ptr(), out_ptr, bgrad_ptr)
-    key, done = _hot(args, ptrs)
+    key, done = launch_cached(args, ptrs)
     if done:
         return
     dw = args.out[: n * k].view(n, k) if with_bias else args.out

@@ -16,9 +16,9 @@ from .common import (
     check_matrix,
     check_size,
     collapsed_rows,
-    fast_key,
     folded_stride,
     gemm_launch_config,
+    launch_cached,
 )
 
 
@@ -88,10 +88,8 @@ def matmul_cublaslt(args: ArgPack) -> None:
     """cuBLASLt GEMM from a cached nvmath plan, written in place into the output."""
     a, b = args.inputs
     ptrs = (a.data_ptr(), b.data_ptr(), args.out.data_ptr())
-    key = fast_key(args, *ptrs)
-    plan = PLANS.peek(key)
-    if plan is not None and plan.raw:  # the hot path: pointers only
-        plan.launch(*ptrs, workspace=args.workspace, stream=args.stream, device=args.out.device)
+    key, done = launch_cached(args, ptrs)
+    if done:
         return
     a2, b2, c2 = _operands(a, b, args.out, args.attrs)
     if (a2.data_ptr(), b2.data_ptr(), c2.data_ptr()) != ptrs:  # a copy, not a view: never on the hot path
