@@ -339,3 +339,21 @@ def test_fell_back_builds_a_plan_key_only_after_a_fallback(cpu_routing, monkeypa
         run("matmul", (a64, a64), (), None, prefers_test_mm)
     assert families.fell_back("matmul", (a64, a64), (), prefers_test_mm)
     assert not families.fell_back("matmul", (a32, a32), (), prefers_test_mm) and len(keys) == 2
+
+
+def test_framework_calls_inside_a_dispatched_kernel_are_not_routed_again(cpu_routing):
+    """A kernel that itself calls an overridden aten op (as PyTorch's own kernels do) runs once: the call
+    it makes goes straight to PyTorch, even when the kernel was reached through `Dispatcher.run` directly
+    (xrt.ops.*, an InferenceSession) rather than through an override."""
+
+    def reentering(args):
+        CALLS["reentering"] += 1
+        a, b = (torch.from_numpy(x) for x in args.inputs)
+        torch.from_numpy(args.out).copy_(torch.mm(a, b))  # aten::mm, overridden while the policy is set
+
+    cpu_routing.register_kernel(kernel("matmul", "reentering", backend="torchcpu", dtypes={"float32"})(reentering))
+    xtorch.set_kernel_policy(xrt.KernelPolicy({"matmul": "reentering"}, validate=cpu_routing))
+    a, b = torch.randn(5, 7), torch.randn(7, 3)
+    got = routing.get_dispatcher().run("matmul", (a, b))
+    assert CALLS["reentering"] == 1
+    torch.testing.assert_close(got, a @ b, rtol=1e-5, atol=1e-5)

@@ -36,6 +36,15 @@ _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 _events = threading.local()
 
 
+class _Launching(threading.local):
+    depth = 0
+
+
+# > 0 while this thread runs or tunes kernels the dispatcher chose: a framework front end (the PyTorch
+# overrides) hands the framework calls those kernels make straight to the framework, never back here.
+LAUNCHING = _Launching()
+
+
 def last_event() -> Any:
     """The event recorded after this thread's last launch under SyncPolicy.EVENT_RECORD (None before
     any): `xrt.last_event().synchronize()` waits for that kernel."""
@@ -82,7 +91,11 @@ class Dispatcher:
             return self._run_converted(op, inputs, attrs, out, policy)
         hit = plan is not None
         if plan is None:
-            plan = self._plan_miss(op, inputs, attrs, out, policy, key)
+            LAUNCHING.depth += 1
+            try:
+                plan = self._plan_miss(op, inputs, attrs, out, policy, key)
+            finally:
+                LAUNCHING.depth -= 1
         stream = None if plan.current_stream is None else plan.current_stream(plan.device)
         if out is None:
             out = plan.allocate(stream)
@@ -94,12 +107,15 @@ class Dispatcher:
             if plan.workspace_bytes
             else None
         )
+        LAUNCHING.depth += 1
         try:
             plan.launch(ArgPack(inputs, out, plan.attrs, plan.config, workspace, stream))
             if plan.finish is not None:
                 plan.finish(stream)
         except Exception as exc:
             raise _launch_error(plan, exc) from exc
+        finally:
+            LAUNCHING.depth -= 1
         if start:
             _notify_observers(plan, hit, start, launch_start)
         return out

@@ -12,7 +12,7 @@ import torch
 
 from ..policy import KernelPolicy, current_policy
 from .families import family_policy
-from .routing import ALL_OPS, attrs_for, dispatch, memoized, routed_ops, tls, wants
+from .routing import ALL_OPS, attrs_for, dispatch, memoized, nested, routed_ops, wants
 
 # the out= overloads are separate aten operators (never overridden); the torch.* bindings reach them
 # with less Python overhead than torch.ops.aten.*.out
@@ -51,7 +51,7 @@ def addmm(bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, beta: float =
     """aten::addmm (nn.Linear with bias): the `linear` op (fused bias epilogue) for a plain x Wᵀ + b when
     the policy names linear, or names for matmul a kernel that linear also has; else `matmul` followed
     by the scaled bias add; else PyTorch's kernel."""
-    if not tls.busy:
+    if not nested():
         policy = current_policy()
         steered = routed_ops(policy)
         every = ALL_OPS in steered

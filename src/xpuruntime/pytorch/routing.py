@@ -13,7 +13,7 @@ import warnings
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
-from ..dispatch import default_dispatcher
+from ..dispatch import LAUNCHING, default_dispatcher
 from ..errors import (
     ArgumentError,
     DeviceMismatchError,
@@ -85,9 +85,14 @@ def routed_ops(policy: Any) -> frozenset[str]:
     return ops
 
 
+def nested() -> bool:
+    """True while a kernel the dispatcher chose runs on this thread: its framework calls go to the framework."""
+    return tls.busy or LAUNCHING.depth > 0
+
+
 def wants(op: str) -> bool:
-    """True when this thread's policy steers `op` and no routed kernel is running on this thread."""
-    if tls.busy:
+    """True when this thread's policy steers `op` and no kernel the dispatcher chose is running here."""
+    if nested():
         return False
     ops = routed_ops(current_policy())
     return op in ops or ALL_OPS in ops
