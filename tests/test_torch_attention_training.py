@@ -1,16 +1,16 @@
-"""PyTorch's fused SDPA backends (torch_flash, torch_cudnn, torch_efficient) as kernels of the training ops
-attention_forward and attention_backward.
+"""PyTorch's fused SDPA backends (torch_flash, torch_cudnn) as kernels of the training ops attention_forward
+and attention_backward (PyTorch's efficient backend is deliberately not one: wrong gradients, never fastest).
 
-On any machine: the kernels are registered, declare why they cannot run (explain), and call the aten ops
-with arguments this PyTorch accepts (their meta kernels). On a CUDA machine (tests marked gpu): each kernel's
-forward and backward against the float64 references, mixed forward/backward pairs with flash_v2, causal with
-L != S, odd lengths, GQA, masks, [B, S, H, D] views, poisoned outputs, and auto / autotune selection.
+On any machine: the kernels are registered (cuDNN above flash_v2 above torch_flash), declare why they cannot
+run (explain; L = S = 1 included), and call the aten ops with arguments this PyTorch accepts (their meta
+kernels). On a CUDA machine (tests marked gpu): each kernel's forward and backward against the float64
+references, mixed forward/backward pairs with flash_v2, causal with L != S, odd lengths, GQA, masks and
+L = S = 1 declined, [B, S, H, D] views, poisoned outputs, and auto / autotune selection.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import subprocess
 import sys
@@ -30,7 +30,7 @@ from xpuruntime.policy import KernelPolicy  # noqa: E402
 from xpuruntime.registry import default_registry  # noqa: E402
 
 ON_GPU = torch.cuda.is_available()
-TORCH_KERNELS = ("torch_flash", "torch_cudnn", "torch_efficient")
+TORCH_KERNELS = ("torch_flash", "torch_cudnn")
 OPS = ("attention_forward", "attention_backward")
 TOL = {"float16": 5e-3, "bfloat16": 2e-2, "float32": 1e-3}
 DTYPES = ["bfloat16", "float16"]
@@ -65,7 +65,7 @@ def test_module_imports_without_cuda() -> None:
         "import xpuruntime.backends.torch.attention_training as m, xpuruntime as xrt;"
         "from xpuruntime.registry import default_registry as r;"
         "names = {k.name for k in r().kernels_for('attention_backward')};"
-        "assert {'torch_flash', 'torch_cudnn', 'torch_efficient'} <= names, names"
+        "assert {'torch_flash', 'torch_cudnn'} <= names and 'torch_efficient' not in names, names"
     )
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
@@ -78,10 +78,9 @@ def test_kernels_are_registered_with_their_hints(op) -> None:
     for name in TORCH_KERNELS:
         assert table[name].backend == "torch" and table[name].fused and table[name].tensor_cores
         assert table[name].deterministic is (op == "attention_forward")  # the fused backwards use atomics
-    # auto ranks them as for the `attention` op: cuDNN first, then PyTorch's flash (GQA), flash_v2, efficient
-    assert table["torch_cudnn"].priority > table["torch_flash"].priority > table["flash_v2"].priority
-    assert table["flash_v2"].priority > table["torch_efficient"].priority
-    assert table["torch_efficient"].dtypes == frozenset({"float16", "bfloat16", "float32"})
+    # auto ranks by measured forward+backward on an H100: cuDNN, then flash_v2, then PyTorch's flash
+    assert table["torch_cudnn"].priority > table["flash_v2"].priority > table["torch_flash"].priority
+    assert "torch_efficient" not in table  # wrong gradients on the H100 and never the fastest
     assert table["torch_cudnn"].dtypes == table["torch_flash"].dtypes == frozenset({"float16", "bfloat16"})
 
 
@@ -125,24 +124,23 @@ def test_conditions_say_why_a_backend_cannot_run(op) -> None:
     assert _reasons(op) == {name: [] for name in TORCH_KERNELS}  # bf16 [B, H, S, D] D128 on sm90: all run
     gqa = _reasons(op, Hk=2)
     assert not gqa["torch_flash"]
-    assert any("grouped-query" in r for r in gqa["torch_cudnn"]) and any(
-        "grouped-query" in r for r in gqa["torch_efficient"]
-    )
+    assert any("grouped-query" in r for r in gqa["torch_cudnn"])
     masked = _reasons(op, mask=(256, 256))
     assert any("attn_mask" in r for r in masked["torch_flash"]) and any("attn_mask" in r for r in masked["torch_cudnn"])
-    assert not masked["torch_efficient"]
     skewed = _reasons(op, L=200, S=333, causal=True)
     assert any("bottom-right" in r for r in skewed["torch_flash"])
-    assert any("L=200 != S=333" in r for r in skewed["torch_cudnn"]) and not skewed["torch_efficient"]
+    assert any("L=200 != S=333" in r for r in skewed["torch_cudnn"])
+    single = _reasons(op, L=1, S=1, D=64)
+    assert all(any("L = S = 1" in r for r in single[name]) for name in TORCH_KERNELS), single
+    assert _reasons(op, L=1, S=77, D=64) == {name: [] for name in TORCH_KERNELS}  # only both 1 is declined
     wide = _reasons(op, D=256)
     assert not wide["torch_flash"] and any("head dim 256" in r for r in wide["torch_cudnn"])
     odd = _reasons(op, D=100)
     assert all(any("multiple of 8" in r for r in odd[name]) for name in TORCH_KERNELS)
     fp32 = _reasons(op, dtype="float32")
-    assert any("dtype float32" in r for r in fp32["torch_cudnn"]) and not fp32["torch_efficient"]
+    assert all(any("dtype float32" in r for r in fp32[name]) for name in TORCH_KERNELS)
     old = _reasons(op, cc=(7, 5))
     assert any("sm80" in r for r in old["torch_flash"]) and any("sm80" in r for r in old["torch_cudnn"])
-    assert not old["torch_efficient"]
     strided = _reasons(op, q_strides=(256 * 8 * 256, 256 * 256, 256, 2), D=128)
     assert all(any("last-dim stride 2" in r for r in strided[name]) for name in TORCH_KERNELS)
 
@@ -162,12 +160,7 @@ def test_aten_calls_match_this_pytorch() -> None:
     out, stats = T.cudnn_forward(q, k, k, False, 0.125)
     assert stats.numel() == 2 * 4 * 37 and stats.dim() == T._cudnn_stats_rank()
     assert [tuple(g.shape) for g in T.cudnn_backward(out, q, k, k, out, lse, False, 0.125)][1] == (2, 4, 50, 64)
-    bias = T.efficient_bias(torch.ones(37, 50, dtype=torch.bool, device="meta"), q, 50)
-    assert bias.shape == (2, 4, 37, 50) and bias.stride(2) % T.EFFICIENT_BIAS_ALIGN == 0
-    out, lse_padded = T.efficient_forward(q, k, k, bias, True, 0.125)
-    assert lse_padded.shape == (2, 4, math.ceil(37 / 32) * 32)
-    grads = T.efficient_backward(out, q, k, k, out, lse, bias, True, 0.125)
-    assert [tuple(g.shape) for g in grads] == [(2, 4, 37, 64), (2, 4, 50, 64), (2, 4, 50, 64)]
+    assert not hasattr(T, "efficient_backward")
 
 
 def test_layout_matching_keeps_dense_tensors_and_copies_others() -> None:
@@ -192,14 +185,12 @@ def _tensor(shape, dtype: str, bshd: bool = False, gen=None):
     return torch.randn(*shape, dtype=torch.float32, device="cuda", generator=gen).to(getattr(torch, dtype))
 
 
-def _mask(kind: str | None, L: int, S: int, dtype: str, empty_row: int | None = None):
+def _mask(kind: str | None, L: int, S: int, dtype: str):
     if kind is None:
         return None
     if kind == "bool":
         m = torch.rand(L, S, device="cuda") > 0.3
         m[:, 0] = True
-        if empty_row is not None:
-            m[empty_row] = False
         return m
     return torch.randn(1, 1, L, S, device="cuda").to(getattr(torch, dtype))
 
@@ -228,11 +219,10 @@ CASES = [
 def _declines(name: str, case) -> bool:
     """Whether `name` is expected to decline the case (the conditions tested above, on an H100)."""
     _, H, Hk, L, S, D, causal, mask, _ = case
+    common = mask is not None or (causal and L != S) or L == S == 1
     if name == "torch_flash":
-        return mask is not None or (causal and L != S)
-    if name == "torch_cudnn":
-        return mask is not None or Hk != H or (causal and L != S) or D > 128
-    return Hk != H  # torch_efficient
+        return common
+    return common or Hk != H or D > 128  # torch_cudnn
 
 
 def _inputs(case, dtype):
@@ -286,9 +276,7 @@ def test_forward_and_backward_match_reference(name, case, dtype) -> None:
 
 PAIRS = [
     ("flash_v2", "torch_cudnn"), ("torch_cudnn", "flash_v2"), ("flash_v2", "torch_flash"), ("torch_flash", "flash_v2"),
-    ("flash_v2", "torch_efficient"), ("torch_efficient", "flash_v2"), ("torch_cudnn", "torch_flash"),
-    ("torch_flash", "torch_cudnn"), ("torch_cudnn", "torch_efficient"), ("torch_efficient", "torch_cudnn"),
-    ("torch_flash", "torch_efficient"), ("torch_efficient", "torch_flash"),
+    ("torch_cudnn", "torch_flash"), ("torch_flash", "torch_cudnn"),
 ]  # fmt: skip
 
 
@@ -315,26 +303,35 @@ def test_gqa_pairs(pair) -> None:
 
 @pytest.mark.gpu
 @needs_gpu
-@pytest.mark.parametrize("pair", [("torch_efficient", "torch_efficient"), ("torch_efficient", "flash_v2"),
-                                  ("flash_v2", "torch_efficient")], ids="->".join)  # fmt: skip
-def test_rows_that_see_no_key_follow_the_op(pair) -> None:
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_single_query_and_key_is_declined(dtype) -> None:
+    """L = S = 1: both torch kernels decline (cuDNN: "s_q = s_kv = 1 is not supported"); the forward of
+    whatever auto picks instead still matches the reference."""
     torch.manual_seed(3)
-    q, k, v = (_tensor((1, 2, n, 64), "float16") for n in (100, 130, 130))
-    mask = _mask("bool", 100, 130, "float16", empty_row=7)
-    _check_pair(*pair, q, k, v, mask, False, False, "float16")
-    with xrt.kernel_policy(strict=True, attention_forward=pair[0], attention_backward=pair[1]):
-        out, lse = xrt.ops.attention_forward(q, k, v, mask)
-        assert torch.isnan(out[:, :, 7]).all() and torch.isposinf(lse[:, :, 7]).all()
-        dq, dk, dv = xrt.ops.attention_backward(torch.ones_like(out), q, k, v, out, lse, mask)
-        assert (dq[:, :, 7] == 0).all() and not dk.isnan().any() and not dv.isnan().any()
+    q, k, v, *_ = _inputs((2, 4, 4, 1, 1, 64, False, None, False), dtype)
+    lse = torch.empty(q.shape[:-1], dtype=torch.float32, device="cuda")
+    for op, args in (("attention_forward", (q, k, v, None, lse)), ("attention_backward", (q, q, k, v, q, lse, None))):
+        explanation = xrt.explain(op, *args, show=False)
+        verdicts = {c.kernel.name: c for c in explanation.candidates}
+        for name in TORCH_KERNELS:
+            assert not verdicts[name].supported and any("L = S = 1" in r for r in verdicts[name].reasons)
+        assert explanation.selected not in TORCH_KERNELS
+    out, _ = xrt.ops.attention_forward(q, k, v)
+    assert_close(out, forward_reference(f64(q), f64(k), f64(v)), TOL[dtype])
 
 
 @pytest.mark.gpu
 @needs_gpu
-def test_efficient_runs_float32() -> None:
-    torch.manual_seed(4)
-    q, k, v, mask, causal, gqa = _inputs((2, 2, 2, 77, 90, 64, True, None, False), "float32")
-    _check_pair("torch_efficient", "torch_efficient", q, k, v, mask, causal, gqa, "float32")
+@pytest.mark.xfail(reason="flash_v2's backward gives wrong dq/dk when S == 1 (H100, 2026-11-22); not these kernels")
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_single_query_and_key_gradients_under_auto(dtype) -> None:
+    torch.manual_seed(3)
+    q, k, v, *_ = _inputs((2, 4, 4, 1, 1, 64, False, None, False), dtype)
+    q64, k64, v64 = f64(q), f64(k), f64(v)
+    out, lse = xrt.ops.attention_forward(q, k, v)
+    do = _tensor(tuple(out.shape), dtype)
+    for got, ref in zip(xrt.ops.attention_backward(do, q, k, v, out, lse), gradients_reference(f64(do), q64, k64, v64)):
+        assert_close(got, ref, TOL[dtype])
 
 
 @pytest.mark.gpu
@@ -348,7 +345,9 @@ def test_auto_picks_cudnn_where_it_can_run() -> None:
     assert xrt.explain("attention_forward", q, q, q, None, lse, show=False).selected == "torch_cudnn"
     assert xrt.explain("attention_backward", q, q, q, q, q, lse, show=False).selected == "torch_cudnn"
     kv = _tensor((2, 2, 256, 128), "bfloat16")
-    assert xrt.explain("attention_forward", q, kv, kv, None, lse, show=False, enable_gqa=True).selected == "torch_flash"
+    # GQA: cuDNN declines; flash_v2 ranks above torch_flash (faster fwd+bwd on the H100)
+    assert xrt.explain("attention_forward", q, kv, kv, None, lse, show=False, enable_gqa=True).selected == "flash_v2"
+    assert xrt.explain("attention_backward", q, q, kv, kv, q, lse, show=False, enable_gqa=True).selected == "flash_v2"
     mask = torch.ones(256, 256, dtype=torch.bool, device="cuda")
     assert xrt.explain("attention_forward", q, q, q, mask, lse, show=False).selected == "flash_v2"
     deterministic = xrt.KernelPolicy(deterministic=True)
