@@ -322,16 +322,24 @@ def test_single_query_and_key_is_declined(dtype) -> None:
 
 @pytest.mark.gpu
 @needs_gpu
-@pytest.mark.xfail(reason="flash_v2's backward gives wrong dq/dk when S == 1 (H100, 2026-11-22); not these kernels")
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_single_query_and_key_gradients_under_auto(dtype) -> None:
+    """One key: the softmax is constantly 1, so dq = dk = 0 exactly in float64 and only the rounding of
+    out (= v) in fp16/bf16 is left in dp - delta. dq and dk are checked in absolute terms against the size
+    of the terms they sum (|do| |v| |k| D scale), dv relative to its reference."""
     torch.manual_seed(3)
     q, k, v, *_ = _inputs((2, 4, 4, 1, 1, 64, False, None, False), dtype)
     q64, k64, v64 = f64(q), f64(k), f64(v)
     out, lse = xrt.ops.attention_forward(q, k, v)
     do = _tensor(tuple(out.shape), dtype)
-    for got, ref in zip(xrt.ops.attention_backward(do, q, k, v, out, lse), gradients_reference(f64(do), q64, k64, v64)):
-        assert_close(got, ref, TOL[dtype])
+    (dq, dk, dv), (_, _, ref_dv) = (
+        xrt.ops.attention_backward(do, q, k, v, out, lse),
+        gradients_reference(f64(do), q64, k64, v64),
+    )
+    assert_close(dv, ref_dv, TOL[dtype])
+    terms = np.abs(f64(do)).max() * np.abs(v64).max() * max(np.abs(q64).max(), np.abs(k64).max()) * 64 / 8
+    for grad in (dq, dk):
+        assert np.isfinite(f64(grad)).all() and np.abs(f64(grad)).max() <= TOL[dtype] * terms
 
 
 @pytest.mark.gpu
