@@ -182,6 +182,25 @@ def _unpack_into(args: ArgPack, q4: torch.Tensor, k4: torch.Tensor, v4: torch.Te
     packed[a + b : a + b + c].view(v4.shape).copy_(grads[2])
 
 
+def _run_forward(args: ArgPack, forward) -> None:
+    """out and the op's lse from a backend's forward(q4, k4, v4, causal, scale) -> (out4, its logsumexp)."""
+    q, k, v, _, lse = args.inputs
+    at = args.attrs
+    q4 = _view4(q)
+    out4, stats = forward(q4, _view4(k), _view4(v), at["is_causal"], at["scale"])
+    lse.view(q4.shape[:3]).copy_(stats.reshape(q4.shape[:3]))
+    _store(args, out4.view(args.out.shape))
+
+
+def _run_backward(args: ArgPack, backward) -> None:
+    """Packed dq | dk | dv from a backend's backward(do4, q4, k4, v4, o4, lse [B, H, L], causal, scale)."""
+    do, q, k, v, out, lse, _ = args.inputs
+    at = args.attrs
+    q4, k4, v4 = _view4(q), _view4(k), _view4(v)
+    grads = backward(_view4(do), q4, k4, v4, _view4(out), _lse3(lse, q4), at["is_causal"], at["scale"])
+    _unpack_into(args, q4, k4, v4, grads)
+
+
 # ----------------------------------------------------------------------------------------------- flash
 
 
@@ -193,6 +212,7 @@ def flash_forward(q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor, causal: 
 
 def flash_backward(do4, q4, k4, v4, o4, lse3, causal: bool, scale: float):
     seed, offset = _unused_rng(q4.device)
+    do4, o4 = _unit_last(do4), _unit_last(o4)
     L, S = q4.shape[2], k4.shape[2]
     return aten._scaled_dot_product_flash_attention_backward.default(
         do4, q4, k4, v4, o4, lse3, None, None, L, S, 0.0, causal, seed, offset, scale=scale
@@ -205,11 +225,7 @@ def flash_backward(do4, q4, k4, v4, o4, lse3, causal: bool, scale: float):
 )  # fmt: skip
 def attention_forward_torch_flash(args: ArgPack) -> None:
     """PyTorch's FlashAttention-2 forward (aten._scaled_dot_product_flash_attention); GQA natively."""
-    q, k, v, _, lse = args.inputs
-    at = args.attrs
-    out4, lse3 = flash_forward(_view4(q), _view4(k), _view4(v), at["is_causal"], at["scale"])
-    lse.view(lse3.shape).copy_(lse3)
-    _store(args, out4.view(args.out.shape))
+    _run_forward(args, flash_forward)
 
 
 @kernel(
@@ -218,13 +234,7 @@ def attention_forward_torch_flash(args: ArgPack) -> None:
 )  # fmt: skip
 def attention_backward_torch_flash(args: ArgPack) -> None:
     """PyTorch's FlashAttention-2 backward; takes any forward's (out, lse) (lse is the op's [B, H, L])."""
-    do, q, k, v, out, lse, _ = args.inputs
-    at = args.attrs
-    q4, k4, v4 = _view4(q), _view4(k), _view4(v)
-    do4, o4 = _unit_last(_view4(do)), _unit_last(_view4(out))
-    lse3 = _lse3(lse, q4)
-    grads = flash_backward(do4, q4, k4, v4, o4, lse3, at["is_causal"], at["scale"])
-    _unpack_into(args, q4, k4, v4, grads)
+    _run_backward(args, flash_backward)
 
 
 # ----------------------------------------------------------------------------------------------- cuDNN
@@ -265,12 +275,7 @@ def cudnn_backward(do4, q4, k4, v4, o4, lse3, causal: bool, scale: float):
 )  # fmt: skip
 def attention_forward_torch_cudnn(args: ArgPack) -> None:
     """cuDNN's fused attention forward with its softmax stats (PyTorch's default SDPA backend on the H100)."""
-    q, k, v, _, lse = args.inputs
-    at = args.attrs
-    q4 = _view4(q)
-    out4, stats = cudnn_forward(q4, _view4(k), _view4(v), at["is_causal"], at["scale"])
-    lse.view(q4.shape[:3]).copy_(stats.reshape(q4.shape[:3]))
-    _store(args, out4.view(args.out.shape))
+    _run_forward(args, cudnn_forward)
 
 
 @kernel(
@@ -279,12 +284,7 @@ def attention_forward_torch_cudnn(args: ArgPack) -> None:
 )  # fmt: skip
 def attention_backward_torch_cudnn(args: ArgPack) -> None:
     """cuDNN's fused attention backward; takes any forward's (out, lse) (lse viewed as [B, H, L, 1])."""
-    do, q, k, v, out, lse, _ = args.inputs
-    at = args.attrs
-    q4, k4, v4 = _view4(q), _view4(k), _view4(v)
-    grads = cudnn_backward(_view4(do), q4, k4, v4, _view4(out), _lse3(lse, q4), at["is_causal"],
-                           at["scale"])  # fmt: skip
-    _unpack_into(args, q4, k4, v4, grads)
+    _run_backward(args, cudnn_backward)
 
 
 __all__ = [
