@@ -20,8 +20,12 @@ def _kernels(op: str) -> set[str]:
 
 
 def _skip_unless(op: str, kernel: str) -> None:
-    if kernel not in xrt.default_registry().kernels.get(op, {}):
+    spec = xrt.default_registry().kernels.get(op, {}).get(kernel)
+    if spec is None:
         pytest.skip(f"kernel {op}/{kernel} is not registered here")
+    reason = xrt.default_registry().backends[spec.backend].unavailable_reason
+    if reason is not None:  # e.g. nvmath-python not installed on this GPU machine
+        pytest.skip(f"kernel {op}/{kernel}: backend {spec.backend!r} unavailable: {reason}")
 
 
 @pytest.fixture(autouse=True)
