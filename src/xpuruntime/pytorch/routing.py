@@ -8,7 +8,6 @@ already running a kernel (a `torch_*` kernel calling back into aten) go to PyTor
 
 from __future__ import annotations
 
-import threading
 import warnings
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any
@@ -29,10 +28,6 @@ from ..policy import current_policy
 _NOT_OURS = (ArgumentError, DeviceMismatchError, DTypeError, LayoutError, ShapeError)
 
 
-class _ThreadState(threading.local):
-    busy = False  # True while this thread runs a kernel chosen by the dispatcher
-
-
 class _Router:
     """The dispatcher the overrides use (the process-wide one unless a test swaps it), and what the
     overrides derive from its op schemas once instead of per call (`memoized`)."""
@@ -43,7 +38,6 @@ class _Router:
         self.memo: dict[Hashable, Any] = {}
 
 
-tls = _ThreadState()
 router = _Router()
 _warned_ops: set[tuple[str, str]] = set()
 
@@ -87,7 +81,7 @@ def routed_ops(policy: Any) -> frozenset[str]:
 
 def nested() -> bool:
     """True while a kernel the dispatcher chose runs on this thread: its framework calls go to the framework."""
-    return tls.busy or LAUNCHING.depth > 0
+    return LAUNCHING.depth > 0
 
 
 def wants(op: str) -> bool:
@@ -103,7 +97,6 @@ def dispatch(op: str, inputs: tuple, attrs: tuple = (), warn: bool = True, polic
     run it' (see the module docstring). warn=False: the caller has another route to try, whose own
     fallback warns."""
     run = router.run or get_dispatcher().run
-    tls.busy = True
     try:
         return run(op, inputs, attrs, None, policy)
     except _NOT_OURS:
@@ -114,8 +107,6 @@ def dispatch(op: str, inputs: tuple, attrs: tuple = (), warn: bool = True, polic
         if warn:
             _warn_no_kernel(op, exc, policy or current_policy())
         return None
-    finally:
-        tls.busy = False
 
 
 def _warn_no_kernel(op: str, exc: NoKernelError, policy: Any) -> None:
