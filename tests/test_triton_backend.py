@@ -129,3 +129,47 @@ def test_matmul_tuner_stores_its_winner_on_disk(rng, tmp_path, monkeypatch) -> N
     monkeypatch.setattr(tm, "_search", lambda *args: pytest.fail("searched again despite a cached winner"))
     with xrt.kernel_policy(matmul="triton", strict=True):
         xrt.ops.matmul(make(rng, (512, 768), "bfloat16"), b)
+
+
+def test_launch_hooks_count_only_when_something_would_run() -> None:
+    from triton.knobs import HookChain
+
+    from xpuruntime.backends.triton.common import hook_active
+
+    chain = HookChain()
+    assert not hook_active(None) and not hook_active(chain)  # Triton >= 3.5 keeps an empty chain
+    chain.add(print)
+    assert hook_active(chain) and hook_active(print)
+
+
+def test_direct_launch_passes_every_parameter_after_the_positional_ones() -> None:
+    import triton
+    import triton.language as tl
+
+    from xpuruntime.backends.triton.common import _constexpr_tail
+
+    @triton.jit
+    def kernel(x, n, BLOCK: tl.constexpr, FLAG: tl.constexpr = False):
+        pass
+
+    assert _constexpr_tail(kernel, 2, {"BLOCK": 64}) == (64, False)
+    assert _constexpr_tail(kernel, 2, {"FLAG": True, "BLOCK": 8}) == (8, True)
+    with pytest.raises(TypeError, match="missing \\['BLOCK'\\]"):
+        _constexpr_tail(kernel, 2, {})
+    assert _constexpr_tail(kernel, 1, {"n": 3, "BLOCK": 8}) == (3, 8, False)  # keywords fill in order
+    with pytest.raises(TypeError, match="'OTHER'"):
+        _constexpr_tail(kernel, 2, {"BLOCK": 8, "OTHER": 1})
+
+
+@pytest.mark.gpu
+@kernel_test
+def test_repeat_launches_skip_tritons_python_launch_path(rng, monkeypatch) -> None:
+    from triton.runtime.jit import JITFunction
+
+    x = make(rng, (257, 33), "float32")
+    with xrt.kernel_policy(sin_affine="triton", strict=True):
+        xrt.ops.sin_affine(x, 1.5, 0.25)  # the first launch compiles and keeps the kernel
+        monkeypatch.setattr(JITFunction, "run", lambda *a, **k: pytest.fail("went through JITFunction.run"))
+        y = make(rng, (257, 33), "float32")
+        out = xrt.ops.sin_affine(y, 1.5, 0.25)
+    assert_close(out, sin_affine_reference(f64(y), 1.5, 0.25), "float32")

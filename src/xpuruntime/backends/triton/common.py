@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 import os
 from collections.abc import Sequence
@@ -138,6 +139,21 @@ def _spec(value: Any) -> Any:
     return kind, value
 
 
+def hook_active(hook: Any) -> bool:
+    """Whether a Triton launch hook would run: None, or (Triton >= 3.5) an empty HookChain, would not."""
+    return hook is not None and bool(getattr(hook, "calls", True))
+
+
+def _constexpr_tail(fn: Any, n_positional: int, constexprs: dict[str, Any]) -> tuple:
+    """The launcher takes every parameter after the positional ones: the constexprs given, else defaults."""
+    params = list(inspect.signature(fn.fn).parameters.values())[n_positional:]
+    missing = [p.name for p in params if p.name not in constexprs and p.default is p.empty]
+    unknown = set(constexprs) - {p.name for p in params}
+    if missing or unknown:
+        raise TypeError(f"{fn.__name__}: missing {missing}, or {sorted(unknown)} not after the positional arguments")
+    return tuple(constexprs.get(p.name, p.default) for p in params)
+
+
 def launch(fn: Any, grid: tuple[int, ...], *args: Any, num_warps: int = 4, num_stages: int | None = None,
            **constexprs: Any) -> Any:  # fmt: skip
     """fn[grid](*args, **constexprs), with the compiled kernel reused directly after the first call.
@@ -147,15 +163,14 @@ def launch(fn: Any, grid: tuple[int, ...], *args: Any, num_warps: int = 4, num_s
         fn[grid](*args, **options, **constexprs)
         return None
     runtime, current_device, current_stream = _RUNTIME or _runtime()
-    hooked = runtime.launch_enter_hook is not None or runtime.launch_exit_hook is not None
+    hooked = hook_active(runtime.launch_enter_hook) or hook_active(runtime.launch_exit_hook)
     device = current_device()  # a compiled kernel is loaded per device
     key = (fn, device, num_warps, num_stages, tuple(constexprs.items()), tuple(map(_spec, args)))
     entry = None if hooked else _COMPILED.get(key)
     if entry is None:
         kernel = fn[grid](*args, **options, **constexprs)
         if kernel is not None and not hooked and getattr(kernel, "function", None) is not None:
-            tail = tuple(constexprs[name] for name in fn.arg_names if name in constexprs)
-            _COMPILED[key] = (kernel, tail)
+            _COMPILED[key] = (kernel, _constexpr_tail(fn, len(args), constexprs))
         return kernel
     kernel, tail = entry
     g1 = grid[1] if len(grid) > 1 else 1
