@@ -53,6 +53,24 @@ def test_linear_forward_and_backward_use_cublaslt():
         torch.testing.assert_close(g.float(), r.float(), rtol=3e-2, atol=3e-2)
 
 
+@pytest.mark.parametrize("batch", [(), (3,)], ids=["mm", "bmm"])
+def test_torch_matmul_kernel_takes_operands_that_require_grad(batch):
+    """The override of aten::mm/bmm runs below autograd with grad mode still on: the torch kernel must
+    use aten ops that accept operands requiring grad there (matmul's out= form refuses them)."""
+    torch.manual_seed(0)
+    x = torch.randn(*batch, 33, 40, device="cuda", requires_grad=True)
+    w = torch.randn(*batch, 40, 17, device="cuda", requires_grad=True)
+    ref = x.double() @ w.double()
+    ref_grads = torch.autograd.grad(ref.square().sum(), (x, w))
+    xtorch.set_kernel_policy(matmul="torch")
+    out = x @ w
+    grads = torch.autograd.grad(out.square().sum(), (x, w))
+    assert _kernels("matmul") == {"torch"}
+    torch.testing.assert_close(out.double(), ref, rtol=1e-4, atol=1e-3)
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g.double(), r, rtol=1e-4, atol=1e-2)
+
+
 def test_attention_forward_and_backward_use_flash_v2():
     _skip_unless("attention", "flash_v2")
     torch.manual_seed(0)
