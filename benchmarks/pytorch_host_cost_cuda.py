@@ -109,7 +109,11 @@ def layers(rounds: int, calls: int) -> None:
     a = torch.randn(8192, 2304, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(2304, 768, device="cuda", dtype=torch.bfloat16)
     out = torch.empty(8192, 768, device="cuda", dtype=torch.bfloat16)
+    w, bias = b.t().contiguous(), torch.randn(768, device="cuda", dtype=torch.bfloat16)
     steps: dict[str, Callable[[], object]] = {
+        "F.linear(a, w, bias)": lambda: F.linear(a, w, bias),
+        "F.linear under the override (matmul=torch)": lambda: F.linear(a, w, bias),
+        "F.linear under the override (matmul=cublasLt)": lambda: F.linear(a, w, bias),
         "torch.mm(a, b)": lambda: torch.mm(a, b),
         "torch.mm(a, b, out=out)": lambda: torch.mm(a, b, out=out),
         "torch.empty + torch.mm(out=)": lambda: torch.mm(a, b, out=torch.empty_like(out)),

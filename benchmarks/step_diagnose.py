@@ -1,37 +1,78 @@
-"""Why an eager GPT step under a policy is slower than without: CUDA API calls that block (synchronize,
-blocking copies) and the Triton direct-launch cache's hit rate. Usage (GPU): python benchmarks/step_diagnose.py POLICY..."""
+"""The example GPT's eager step per policy, interleaved: one model, and every round runs one warm-up
+and one timed step under each policy in turn, so a host whose speed drifts (the H100 machine's varies
+by up to 1.5x between runs) affects every policy alike. Reports the median step and the median host
+time to enqueue it (a step is host-bound when the two are close).
+
+    python benchmarks/step_diagnose.py [--rounds 15] [POLICY ...]   (POLICY: none, autotune, or a=k,b=k)
+"""
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
-import sys
+import statistics
+import time
 from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+import xpuruntime.pytorch as xtorch
 
 ROOT = Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location("train_gpt", ROOT / "examples" / "train_gpt.py")
 example = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(example)
 
-BLOCKING = ("Synchronize", "Memcpy", "cudaMalloc", "cudaFree", "HostAlloc", "cudaStreamQuery", "cudaEventQuery")
+DEFAULT = ["none", "matmul=cublasLt", "attention=flash_v2", "layer_norm=triton",
+           "matmul=cublasLt,attention=flash_v2", "autotune"]  # fmt: skip
 
-for policy in sys.argv[1:] or [""]:
-    policy = "" if policy == "none" else policy
-    argv = ["--steps", "4", *(["--policy", policy] if policy else [])]
-    example.main(argv)
-    from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        example.main(argv)
-    print(f"=== policy {policy!r}")
-    for e in sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total):
-        if any(b in e.key for b in BLOCKING):
-            print(f"  {e.key:<40} calls {e.count:>6}  self CPU {e.self_cpu_time_total / 1e3:8.2f} ms")
-    try:
-        from triton import knobs
+def policy_for(name: str):
+    argv = ["--autotune"] if name == "autotune" else [] if name == "none" else ["--policy", name]
+    return example.make_policy(example.parse_args(argv))
 
-        from xpuruntime.backends.triton import common
 
-        print("  triton launch hooks:", knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook)
-        print("  direct-launch cache entries:", len(common._COMPILED))
-    except Exception as exc:
-        print("  triton:", exc)
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=15)
+    p.add_argument("policies", nargs="*", default=DEFAULT)
+    args = p.parse_args()
+    cfg = example.parse_args([])
+    torch.manual_seed(0)
+    model = example.GPT(cfg.vocab, cfg.context, cfg.d_model, cfg.heads, cfg.layers).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    x, y = example.batch_for(0, cfg, 0, 1, "cuda")
+
+    def step() -> tuple[float, float]:
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=False)
+        with xtorch.autocast(dtype=torch.bfloat16):
+            loss = F.cross_entropy(model(x).float().view(-1, cfg.vocab), y.view(-1))
+        loss.backward()
+        opt.step()
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        return (t1 - t0) * 1e3, (time.perf_counter() - t0) * 1e3
+
+    policies = {name: policy_for(name) for name in args.policies}
+    for policy in policies.values():  # tune and compile outside the timed rounds
+        xtorch.set_kernel_policy(policy)
+        step(), step()
+    samples: dict[str, list[tuple[float, float]]] = {name: [] for name in policies}
+    for _ in range(args.rounds):
+        for name, policy in policies.items():
+            xtorch.set_kernel_policy(policy)
+            step()
+            samples[name].append(step())
+    xtorch.clear_kernel_policy()
+    base = statistics.median(t for _, t in samples[args.policies[0]])
+    print(f"{'policy':<40}{'host ms':>9}{'step ms':>9}{'vs first':>10}")
+    for name, rows in samples.items():
+        host, total = statistics.median(h for h, _ in rows), statistics.median(t for _, t in rows)
+        print(f"{name:<40}{host:>9.2f}{total:>9.2f}{base / total:>9.3f}x", flush=True)
+
+
+if __name__ == "__main__":
+    main()

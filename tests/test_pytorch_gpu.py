@@ -68,7 +68,7 @@ def test_torch_matmul_kernel_takes_operands_that_require_grad(batch):
     assert _kernels("matmul") == {"torch"}
     torch.testing.assert_close(out.double(), ref, rtol=1e-4, atol=1e-3)
     for g, r in zip(grads, ref_grads):
-        torch.testing.assert_close(g.double(), r, rtol=1e-4, atol=1e-2)
+        torch.testing.assert_close(g.double(), r.double(), rtol=1e-4, atol=1e-2)
 
 
 def test_attention_forward_and_backward_use_flash_v2():
