@@ -51,3 +51,19 @@ def test_attention_with_large_scores_takes_the_max_subtracting_path():
     with xrt.kernel_policy(attention="math"):
         got = xrt.ops.attention(q, k, v)
     np.testing.assert_allclose(got, attention_reference(q, k, v), rtol=1e-4, atol=1e-4)
+
+
+def test_layer_norm_backward_of_a_row_with_nearly_equal_values() -> None:
+    """Variance below eps: the gradient cancels hard; float32 statistics were off by 1e-3 relative
+    (the row hypothesis found)."""
+    dy = np.array([-1.9312029, 1.3191638], np.float32)
+    x = np.array([0.31602243, 0.31184763], np.float32)
+    w = np.array([-0.38486296, 0.5592245], np.float32)
+    dx, dw, db = xrt.ops.layer_norm_backward(dy, x, 2, w, 1e-5)
+    x64, dy64, w64 = (a.astype(np.float64) for a in (x, dy, w))
+    centered = x64 - x64.mean()
+    rstd = 1.0 / np.sqrt(np.mean(centered**2) + 1e-5)
+    xhat, g = centered * rstd, dy64 * w64
+    np.testing.assert_allclose(dx, rstd * (g - g.mean() - xhat * np.mean(g * xhat)), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(dw, dy64 * xhat, rtol=1e-6)
+    np.testing.assert_allclose(db, dy64, rtol=1e-7)

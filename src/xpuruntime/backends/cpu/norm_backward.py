@@ -1,4 +1,8 @@
-"""CPU kernels for layer_norm_backward and rms_norm_backward (fp32 math for fp16, packed output)."""
+"""CPU kernels for layer_norm_backward and rms_norm_backward (float64 math, packed output).
+
+float64 because the gradient of a row whose values nearly coincide (variance below eps) cancels hard:
+float32 statistics there were off by 1e-3 relative (hypothesis found the row); the CPU backward is a
+reference-grade path, not a hot one."""
 
 from __future__ import annotations
 
@@ -8,14 +12,14 @@ import numpy as np
 
 from ...abi import ArgPack
 from ...registry import kernel
-from .common import CPU_FLOAT_DTYPES, as_compute
+from .common import CPU_FLOAT_DTYPES
 
 
 def _rows(args: ArgPack) -> tuple[np.ndarray, np.ndarray, np.ndarray | float, int]:
     dy, x, weight = args.inputs
     n = math.prod(args.attrs["normalized_shape"])
-    w = 1.0 if weight is None else as_compute(weight).reshape(n)
-    return as_compute(dy).reshape(-1, n), as_compute(x).reshape(-1, n), w, n
+    w = 1.0 if weight is None else weight.astype(np.float64).reshape(n)
+    return dy.astype(np.float64).reshape(-1, n), x.astype(np.float64).reshape(-1, n), w, n
 
 
 def _store(out: np.ndarray, dx: np.ndarray, *grads: np.ndarray) -> None:
