@@ -173,3 +173,13 @@ def test_repeat_launches_skip_tritons_python_launch_path(rng, monkeypatch) -> No
         y = make(rng, (257, 33), "float32")
         out = xrt.ops.sin_affine(y, 1.5, 0.25)
     assert_close(out, sin_affine_reference(f64(y), 1.5, 0.25), "float32")
+
+
+def test_launch_key_inlines_tensors_and_ints_like_spec() -> None:
+    from xpuruntime.backends.triton.common import _spec, _specs
+
+    base = torch.arange(16, dtype=torch.float32)
+    args = (base, base[1:], torch.nn.Parameter(base.clone()), 1, 0, -3, -16, 48, 2**31, -(2**31) - 1, 0.5, None,
+            True, "s")  # fmt: skip
+    assert _specs(args) == tuple(map(_spec, args))
+    assert _specs((base[1:],))[0][1] is False and _specs((48,)) == ((False, True, True),)

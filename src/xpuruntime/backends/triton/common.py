@@ -139,6 +139,18 @@ def _spec(value: Any) -> Any:
     return kind, value
 
 
+def _specs(args: tuple) -> tuple:
+    """`_spec` of each argument, with tensors and ints inline (a flash launch has ~30 arguments: a
+    function call per argument was half of the key's cost)."""
+    tensor = torch.Tensor
+    return tuple([
+        (a.dtype, not a.data_ptr() & 15) if type(a) is tensor
+        else (a == 1, not a & 15, -2147483648 <= a < 2147483648) if type(a) is int
+        else _spec(a)
+        for a in args
+    ])  # fmt: skip
+
+
 def hook_active(hook: Any) -> bool:
     """Whether a Triton launch hook would run: None, or (Triton >= 3.5) an empty HookChain, would not."""
     return hook is not None and bool(getattr(hook, "calls", True))
@@ -165,7 +177,7 @@ def launch(fn: Any, grid: tuple[int, ...], *args: Any, num_warps: int = 4, num_s
     runtime, current_device, current_stream = _RUNTIME or _runtime()
     hooked = hook_active(runtime.launch_enter_hook) or hook_active(runtime.launch_exit_hook)
     device = current_device()  # a compiled kernel is loaded per device
-    key = (fn, device, num_warps, num_stages, tuple(constexprs.items()), tuple(map(_spec, args)))
+    key = (fn, device, num_warps, num_stages, tuple(constexprs.items()), _specs(args))
     entry = None if hooked else _COMPILED.get(key)
     if entry is None:
         kernel = fn[grid](*args, **options, **constexprs)
