@@ -4,12 +4,8 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/xrt-ddp}
 mkdir -p "$OUT"
-export PYTHONPATH=src PYTHONUNBUFFERED=1
+source "$(dirname "$0")/device_env.sh"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # the machine's rule
-if ls .whl/*.whl >/dev/null 2>&1; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-        && export PYTHONPATH=/tmp/site:src
-fi
 POLICY=${POLICY:-matmul=cublasLt,attention=flash_v2}
 STEPS=${STEPS:-30}
 nvidia-smi -L

@@ -4,11 +4,7 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/xrt-validate}
 mkdir -p "$OUT"
-export PYTHONPATH=src PYTHONUNBUFFERED=1
-if ls .whl/*.whl >/dev/null 2>&1; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-        && export PYTHONPATH=/tmp/site:src
-fi
+source "$(dirname "$0")/device_env.sh"
 nvidia-smi -L
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 python3 -m pytest -q -p no:cacheprovider -n 8 -rs 2>&1 | tee "$OUT/pytest_h100.txt" | tail -30

@@ -4,11 +4,7 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/xrt-probe}
 mkdir -p "$OUT"
-export PYTHONPATH=src PYTHONUNBUFFERED=1
-if ls .whl/*.whl >/dev/null 2>&1; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-        && export PYTHONPATH=/tmp/site:src
-fi
+source "$(dirname "$0")/device_env.sh"
 for policy in "" "matmul=cublasLt" "attention=flash_v2" "matmul=cublasLt,attention=flash_v2" "AUTOTUNE"; do
     extra=(--policy "$policy")
     [ "$policy" = AUTOTUNE ] && extra=(--autotune)
