@@ -14,7 +14,7 @@ import torch
 import xpuruntime as xrt
 import xpuruntime.pytorch as xtorch
 from xpuruntime.dispatch import Dispatcher
-from xpuruntime.pytorch import overrides, routing
+from xpuruntime.pytorch import handback, overrides, routing
 from xpuruntime.registry import OPS_PACKAGE, Backend, Registry, _declared, _submodules, kernel
 from xpuruntime.schema import OpSchema
 
@@ -167,6 +167,7 @@ def routed_registry() -> Iterator[Registry]:
         yield registry
     finally:
         xtorch.clear_kernel_policy()
+        handback.reset()
         overrides.route_devices(("cuda",))
         routing.use_dispatcher(None)
         CALLS.clear()

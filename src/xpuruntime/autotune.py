@@ -55,6 +55,8 @@ class _Store:
 
 
 STORE = _Store()
+# called as listener(op, key, times_us, backend_of_kernel) after each tuned signature (measured or stored)
+LISTENERS: list[Callable[[str, str, dict[str, float], dict[str, str]], None]] = []
 
 
 def cache_key(decision: Decision, names: list[str]) -> str:
@@ -75,19 +77,31 @@ def tune(dispatcher: Dispatcher, decision: Decision, inputs: tuple, policy: Kern
     """The decision with the fastest supported kernel for this call (reason "autotune")."""
     supported = [c for c in decision.candidates if c.supported]
     if len(supported) <= 1:
+        _tell(decision, "", {c.kernel.name: 0.0 for c in supported}, supported)
         return dataclasses.replace(decision, reason=REASON)
     names = [c.kernel.name for c in supported]
     key = cache_key(decision, names)
     stored = STORE.get(key)
     winner = stored.get("kernel") if stored else None
-    if winner not in names:
+    times = stored.get("times_us") if stored else None
+    if winner not in names or not isinstance(times, dict):
         times = time_candidates(dispatcher, decision, supported, inputs, policy)
         if not times:
             return decision
         winner = min(times, key=times.__getitem__)
         STORE.put(key, {"kernel": winner, "times_us": times})
+    _tell(decision, key, times, supported)
     chosen = next(c for c in supported if c.kernel.name == winner)
     return dataclasses.replace(decision, kernel=chosen.kernel, reason=REASON)
+
+
+def _tell(decision: Decision, key: str, times: dict[str, float], supported: list[Candidate]) -> None:
+    """Let the listeners (the PyTorch front end's hand-back) see what tuning found."""
+    if LISTENERS:
+        key = key or cache_key(decision, [c.kernel.name for c in supported])
+        backends = {c.kernel.name: c.kernel.backend for c in supported}
+        for listener in LISTENERS:
+            listener(decision.ctx.op, key, times, backends)
 
 
 def time_candidates(

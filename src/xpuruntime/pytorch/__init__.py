@@ -19,6 +19,7 @@ from . import ops
 from .allocator import allocator_stats, reset_allocator, set_allocator
 from .autocast import autocast
 from .graphs import CUDAGraphWrapper, capture_graph
+from .handback import handed_back
 from .overrides import installed_overrides, refresh_overrides
 from .policy import KernelPolicy, clear_kernel_policy, get_kernel_policy, kernel_policy, set_kernel_policy
 from .profiling import profile
@@ -31,6 +32,7 @@ __all__ = [
     "capture_graph",
     "clear_kernel_policy",
     "get_kernel_policy",
+    "handed_back",
     "installed_overrides",
     "kernel_policy",
     "ops",

@@ -12,7 +12,7 @@ import torch
 
 from ..policy import KernelPolicy, current_policy
 from .families import family_policy
-from .routing import ALL_OPS, attrs_for, dispatch, memoized, nested, routed_ops, wants
+from .routing import attrs_for, dispatch, memoized, nested, routed_ops, wants
 
 # the out= overloads are separate aten operators (never overridden); the torch.* bindings reach them
 # with less Python overhead than torch.ops.aten.*.out
@@ -40,8 +40,7 @@ def bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 def _as_linear(bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor, policy: KernelPolicy) -> torch.Tensor | None:
     """x Wᵀ + b through `linear` when the (family-extended) policy names a kernel for it."""
     derived = family_policy(policy)
-    steered = routed_ops(derived)
-    if "linear" not in steered and ALL_OPS not in steered:
+    if "linear" not in routed_ops(derived):
         return None
     attrs = memoized("linear attrs", lambda: attrs_for("linear", {}))
     return dispatch("linear", (a, b.t(), bias), attrs, policy=derived)
@@ -54,11 +53,10 @@ def addmm(bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, beta: float =
     if not nested():
         policy = current_policy()
         steered = routed_ops(policy)
-        every = ALL_OPS in steered
         out = None
-        if beta == 1 and alpha == 1 and bias.dim() == 1 and (every or "linear" in steered or "matmul" in steered):
+        if beta == 1 and alpha == 1 and bias.dim() == 1 and ("linear" in steered or "matmul" in steered):
             out = _as_linear(bias, a, b, policy)
-        if out is None and (every or "matmul" in steered):
+        if out is None and "matmul" in steered:
             out = dispatch("matmul", (a, b))
             if out is not None:
                 if alpha != 1:

@@ -18,9 +18,9 @@ from collections.abc import Callable, Iterable
 import torch
 
 from ..errors import XpuRuntimeError
-from ..policy import process_policy
+from ..policy import KernelPolicy, process_policy
 from . import aten_attention, aten_matmul, aten_norm
-from .routing import ALL_OPS, routed_ops
+from .routing import routed_ops
 
 ROUTES: dict[str, tuple[tuple[str, str, Callable], ...]] = {}
 for _module in (aten_matmul, aten_attention, aten_norm):
@@ -42,7 +42,7 @@ class _Installed:
 
 
 _state = _Installed()
-_scoped: collections.Counter[str] = collections.Counter()
+_scoped: collections.Counter[KernelPolicy] = collections.Counter()  # active scoped policies (any thread)
 _lock = threading.RLock()
 
 
@@ -67,9 +67,7 @@ def _functions(op: str) -> dict[tuple[str, str], Callable]:
 
 
 def _wanted_ops() -> frozenset[str]:
-    named = set(routed_ops(process_policy())) | {op for op, count in _scoped.items() if count > 0}
-    if ALL_OPS in named:
-        return frozenset(ROUTES)
+    named = set(routed_ops(process_policy())).union(*(routed_ops(policy) for policy in _scoped))
     return frozenset(op for op in named if op in ROUTES)
 
 
@@ -81,17 +79,17 @@ def refresh_overrides() -> None:
             _rebuild(wanted)
 
 
-def scope_entered(preferences: Iterable[str]) -> None:
+def scope_entered(policy: KernelPolicy) -> None:
     with _lock:
-        _scoped.update(list(preferences))
+        _scoped[policy] += 1
         refresh_overrides()
 
 
-def scope_exited(preferences: Iterable[str]) -> None:
+def scope_exited(policy: KernelPolicy) -> None:
     with _lock:
-        _scoped.subtract(list(preferences))
-        for op in [op for op, count in _scoped.items() if count <= 0]:
-            del _scoped[op]
+        _scoped[policy] -= 1
+        if _scoped[policy] <= 0:
+            del _scoped[policy]
         refresh_overrides()
 
 

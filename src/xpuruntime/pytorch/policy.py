@@ -13,7 +13,6 @@ from .. import policy as _core
 from ..errors import PolicyError, UnknownNameError
 from ..policy import KernelPolicy, clear_kernel_policy, get_kernel_policy, kernel_policy, set_kernel_policy
 from .overrides import refresh_overrides, scope_entered, scope_exited
-from .routing import routed_ops
 
 __all__ = ["KernelPolicy", "clear_kernel_policy", "get_kernel_policy", "kernel_policy", "set_kernel_policy"]
 
@@ -31,10 +30,10 @@ class _OverrideInstaller:
             warnings.warn(f"aten overrides left as they were: {exc}", RuntimeWarning, stacklevel=3)
 
     def scope_entered(self, policy: KernelPolicy) -> None:
-        scope_entered(routed_ops(policy))
+        scope_entered(policy)
 
     def scope_exited(self, policy: KernelPolicy) -> None:
-        scope_exited(routed_ops(policy))
+        scope_exited(policy)
 
 
 _core.add_policy_listener(_OverrideInstaller())

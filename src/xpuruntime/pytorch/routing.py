@@ -24,6 +24,7 @@ from ..errors import (
     UnsupportedByPolicyError,
 )
 from ..policy import current_policy
+from . import handback
 
 _NOT_OURS = (ArgumentError, DeviceMismatchError, DTypeError, LayoutError, ShapeError)
 
@@ -55,7 +56,6 @@ def get_dispatcher() -> Any:
     return router.dispatcher
 
 
-ALL_OPS = "*"
 # An op's companions: a policy naming a kernel for the op names it for these too (see `families`), so
 # the overrides a policy needs include the companions' (the set never changes inside a backward).
 FAMILIES = {
@@ -64,19 +64,28 @@ FAMILIES = {
     "rms_norm": ("rms_norm_backward",),
     "matmul": ("linear",),
 }
+FRONT_END_OPS = frozenset(FAMILIES).union(*FAMILIES.values())  # what `autotune=True` steers
+handback.watch_families(FAMILIES)
 _routed: dict[int, frozenset[str]] = {}
 
 
 def routed_ops(policy: Any) -> frozenset[str]:
-    """The ops a policy asks to steer: those it names a kernel for or autotunes ('*': every op)."""
+    """The ops a policy asks to steer: those it names a kernel for or autotunes, minus those autotune
+    handed back to PyTorch (see `handback`)."""
     ops = _routed.get(policy.fingerprint)
     if ops is None:
         names = set(policy.preferences) | set(getattr(policy, "autotune_ops", ()))
         names.update(*(FAMILIES.get(op, ()) for op in list(names)))
         if getattr(policy, "autotune", False):
-            names.add(ALL_OPS)
+            names |= FRONT_END_OPS
+        names -= handback.RETURNED.get(policy.fingerprint, frozenset())
         ops = _routed[policy.fingerprint] = frozenset(names)
     return ops
+
+
+def forget_routed(fingerprint: int) -> None:
+    """Drop the cached routed set of a policy (autotune handed some of its ops back)."""
+    _routed.pop(fingerprint, None)
 
 
 def nested() -> bool:
@@ -86,10 +95,7 @@ def nested() -> bool:
 
 def wants(op: str) -> bool:
     """True when this thread's policy steers `op` and no kernel the dispatcher chose is running here."""
-    if nested():
-        return False
-    ops = routed_ops(current_policy())
-    return op in ops or ALL_OPS in ops
+    return not nested() and op in routed_ops(current_policy())
 
 
 def dispatch(op: str, inputs: tuple, attrs: tuple = (), warn: bool = True, policy: Any = None) -> Any:
@@ -97,6 +103,8 @@ def dispatch(op: str, inputs: tuple, attrs: tuple = (), warn: bool = True, polic
     run it' (see the module docstring). warn=False: the caller has another route to try, whose own
     fallback warns."""
     run = router.run or get_dispatcher().run
+    if handback.watching():
+        handback.note_call(op)
     try:
         return run(op, inputs, attrs, None, policy)
     except _NOT_OURS:

@@ -1,0 +1,149 @@
+"""Autotune hands an op back to PyTorch when routing it through xpuruntime cannot pay for itself.
+
+A routed call costs host time that PyTorch's own call does not (the Python override, the dispatcher,
+an autograd Function for attention and the norms), and an eager training step is usually host-bound.
+So under `autotune` each tuned signature gets a verdict: route it only when the fastest kernel beats
+PyTorch's own (the `torch` backend's candidates, timed in the same tuning) by more than that op's
+routing cost (`ROUTING_COST_US`, measured on the H100 with `benchmarks/pytorch_host_cost_cuda.py
+--layers`). When every signature of an op family has said "PyTorch" and no new signature has appeared
+for a while, the family is handed back: the policy stops steering it and its aten overrides are
+removed once the current backward has finished (never while an override is running), so the family
+costs nothing again. Signatures first seen afterwards run PyTorch's kernels. An op without a PyTorch
+candidate (e.g. layer_norm_backward) has no say; a family where nothing could be compared keeps
+routing. Explicit kernel names are never handed back.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+
+import torch
+
+from .. import autotune
+from ..policy import current_policy
+
+log = logging.getLogger("xpuruntime.pytorch")
+
+# host µs a routed call adds over PyTorch's own call on the H100 (bf16 GPT shapes): a GEMM through the
+# backend-key override, and each direction (forward or backward) of an autograd-Function route
+ROUTING_COST_US = {"matmul": 20.0, "attention": 250.0, "layer_norm": 200.0, "rms_norm": 200.0}
+TIMING_NOISE = 0.03  # a gain within 3 % of PyTorch's time is not trusted (single-launch event timings)
+QUIET_CALLS = 32  # routed calls of a family without a new signature before it may be handed back
+
+
+@dataclass
+class _Family:
+    """The verdicts of one family under one autotune policy: tuning key -> (route?, why)."""
+
+    verdicts: dict[str, tuple[bool | None, str]] = field(default_factory=dict)
+    quiet: int = 0
+    returned: bool = False
+
+
+_FAMILY_OF: dict[str, str] = {}  # op -> family head, filled by `watch_families`
+_states: dict[tuple[int, str], _Family] = {}
+RETURNED: dict[int, frozenset[str]] = {}  # policy fingerprint -> the ops it no longer steers
+_reasons: dict[str, str] = {}
+_lock = threading.Lock()
+
+
+def watch_families(families: dict[str, tuple[str, ...]]) -> None:
+    """Which ops form a family (head -> companions); called once by `routing`."""
+    for head, members in families.items():
+        for op in (head, *members):
+            _FAMILY_OF[op] = head
+
+
+def on_tuned(op: str, key: str, times: dict[str, float], backends: dict[str, str]) -> None:
+    """Autotune listener: record whether routing this signature beats PyTorch's own kernel by enough."""
+    family = _FAMILY_OF.get(op)
+    if family is None:
+        return
+    route, why = verdict(op, times, backends, ROUTING_COST_US.get(family, 0.0))
+    with _lock:
+        state = _states.setdefault((current_policy().fingerprint, family), _Family())
+        if key not in state.verdicts:
+            state.quiet = 0
+        state.verdicts[key] = (route, why)
+
+
+def verdict(op: str, times: dict[str, float], backends: dict[str, str], cost_us: float) -> tuple[bool | None, str]:
+    """(route?, reason) for one tuned signature: route when ours beat PyTorch's by more than `cost_us`
+    plus the timing noise;
+    None when there is no PyTorch kernel to compare with (the family's other ops decide)."""
+    theirs = [t for name, t in times.items() if backends.get(name) == "torch"]
+    ours = {name: t for name, t in times.items() if backends.get(name) != "torch"}
+    if not theirs:
+        return None, f"{op}: no PyTorch kernel to compare with"
+    if not ours:
+        return False, f"{op}: only PyTorch's kernel can run"
+    best = min(ours, key=ours.__getitem__)
+    gain = min(theirs) - ours[best]
+    cost_us += TIMING_NOISE * min(theirs)
+    if gain > cost_us:
+        return True, f"{op}: {best} beats PyTorch by {gain:.1f} us > routing cost {cost_us:.0f} us"
+    return False, f"{op}: {best} gains {gain:.1f} us over PyTorch, under the routing cost {cost_us:.0f} us"
+
+
+def note_call(op: str) -> None:
+    """Count a routed call of `op`; hand its family back when every verdict says PyTorch and no new
+    signature came for QUIET_CALLS calls (checked inside a backward pass: its end is a safe point)."""
+    family = _FAMILY_OF.get(op)
+    state = _states.get((current_policy().fingerprint, family)) if family else None
+    if state is None or state.returned:
+        return
+    state.quiet += 1
+    if state.quiet < max(QUIET_CALLS, 4 * len(state.verdicts)) or not _inside_backward():
+        return
+    routes = {route for route, _ in state.verdicts.values()}
+    if True in routes or False not in routes:  # some signature gains, or nothing was compared
+        return
+    _hand_back(current_policy().fingerprint, family, state)
+
+
+def _inside_backward() -> bool:
+    return torch._C._current_graph_task_id() != -1
+
+
+def _hand_back(fingerprint: int, family: str, state: _Family) -> None:
+    from . import overrides, routing
+
+    with _lock:
+        state.returned = True
+        ops = {op for op, head in _FAMILY_OF.items() if head == family}
+        RETURNED[fingerprint] = RETURNED.get(fingerprint, frozenset()) | ops
+        _reasons[family] = "; ".join(sorted({why for _, why in state.verdicts.values()}))
+        routing.forget_routed(fingerprint)
+    log.info("autotune hands %s back to PyTorch: %s", family, _reasons[family])
+    torch.autograd.Variable._execution_engine.queue_callback(overrides.refresh_overrides)
+
+
+def handed_back() -> dict[str, str]:
+    """The op families autotune handed back to PyTorch, with the verdicts that decided it."""
+    with _lock:
+        return dict(_reasons)
+
+
+def watching() -> bool:
+    """Whether any family has verdicts (the routed path counts calls only then)."""
+    return bool(_states)
+
+
+def reset() -> None:
+    """Forget every verdict and hand-back (e.g. after kernels were registered); overrides follow."""
+    from . import overrides, routing
+
+    with _lock:
+        fingerprints = list(RETURNED)
+        _states.clear()
+        RETURNED.clear()
+        _reasons.clear()
+    for fingerprint in fingerprints:
+        routing.forget_routed(fingerprint)
+    overrides.refresh_overrides()
+
+
+if on_tuned not in autotune.LISTENERS:
+    autotune.LISTENERS.append(on_tuned)
