@@ -72,6 +72,8 @@ def main() -> None:
     for name, rows in samples.items():
         host, total = statistics.median(h for h, _ in rows), statistics.median(t for _, t in rows)
         print(f"{name:<40}{host:>9.2f}{total:>9.2f}{base / total:>9.3f}x", flush=True)
+    for family, why in xtorch.handed_back().items():
+        print(f"autotune handed {family} back to PyTorch: {why}")
 
 
 if __name__ == "__main__":

@@ -210,6 +210,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "median_step_ms": sorted(times)[len(times) // 2] * 1e3 if times else None,
         "dispatch": dispatch_summary(records),
         "overrides": xtorch.installed_overrides(),
+        "handed_back": xtorch.handed_back(),
     }
     if rank == 0 or world > 1:
         print_report(result, rank)
@@ -237,6 +238,8 @@ def print_report(result: dict[str, Any], rank: int) -> None:
         print(f"{tag}  {row['op']:<22} {row['kernel']:<14} {row['reason']:<9} {row['calls']}")
     if not result["dispatch"]:
         print(f"{tag}  (nothing dispatched through xpuruntime: PyTorch's kernels ran)")
+    for family, why in result["handed_back"].items():
+        print(f"{tag}autotune handed {family} back to PyTorch: {why}")
 
 
 if __name__ == "__main__":
