@@ -86,6 +86,23 @@ def test_family_handed_back_when_pytorch_wins_within_the_routing_cost(registry, 
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
+def test_forward_under_autocast_shares_the_verdicts_of_the_backward(registry, timed):
+    """autocast scopes a policy with another math mode in the forward only: one hand-back covers both."""
+    timed.update(test_mm=5.0, torch_mm=5.0)
+    xtorch.set_kernel_policy(xrt.KernelPolicy({"matmul": "autotune"}, validate=registry))
+    x, w = torch.randn(5, 7), torch.randn(7, 3, requires_grad=True)
+    for _ in range(handback.QUIET_CALLS):  # two products per step
+        with xrt.kernel_policy(math_mode="tf32"):
+            y = x @ w
+        y.sum().backward()
+    assert "matmul" in xtorch.handed_back()
+    before = _routed_calls()
+    with xrt.kernel_policy(math_mode="tf32"):
+        y = x @ w
+    y.sum().backward()
+    assert _routed_calls() == before
+
+
 def test_family_keeps_routing_when_ours_beats_pytorch_by_more_than_the_cost(registry, timed):
     timed.update(test_mm=5.0, torch_mm=5.0 + 3 * handback.ROUTING_COST_US["matmul"])
     xtorch.set_kernel_policy(xrt.KernelPolicy({"matmul": "autotune"}, validate=registry))

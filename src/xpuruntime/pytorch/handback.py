@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .. import autotune
-from ..policy import current_policy
+from ..policy import KernelPolicy, current_policy
 
 log = logging.getLogger("xpuruntime.pytorch")
 
@@ -44,7 +44,8 @@ class _Family:
 
 _FAMILY_OF: dict[str, str] = {}  # op -> family head, filled by `watch_families`
 _states: dict[tuple[int, str], _Family] = {}
-RETURNED: dict[int, frozenset[str]] = {}  # policy fingerprint -> the ops it no longer steers
+RETURNED: dict[tuple, frozenset[str]] = {}  # `steering(policy)` -> the ops it no longer steers
+_steering: dict[int, tuple] = {}
 _reasons: dict[str, str] = {}
 _lock = threading.Lock()
 
@@ -56,6 +57,16 @@ def watch_families(families: dict[str, tuple[str, ...]]) -> None:
             _FAMILY_OF[op] = head
 
 
+def steering(policy: KernelPolicy) -> tuple:
+    """What a policy steers, without its math mode or sync: the policy `autocast` scopes in the forward
+    and the one in force in the backward then share their verdicts and hand-backs."""
+    key = _steering.get(policy.fingerprint)
+    if key is None:
+        prefs = frozenset(policy.preferences.items())
+        key = _steering[policy.fingerprint] = (policy.autotune, policy.autotune_ops, prefs, policy.deterministic)
+    return key
+
+
 def on_tuned(op: str, key: str, times: dict[str, float], backends: dict[str, str]) -> None:
     """Autotune listener: record whether routing this signature beats PyTorch's own kernel by enough."""
     family = _FAMILY_OF.get(op)
@@ -63,7 +74,7 @@ def on_tuned(op: str, key: str, times: dict[str, float], backends: dict[str, str
         return
     route, why = verdict(op, times, backends, ROUTING_COST_US.get(family, 0.0))
     with _lock:
-        state = _states.setdefault((current_policy().fingerprint, family), _Family())
+        state = _states.setdefault((steering(current_policy()), family), _Family())
         if key not in state.verdicts:
             state.quiet = 0
         state.verdicts[key] = (route, why)
@@ -91,7 +102,8 @@ def note_call(op: str) -> None:
     """Count a routed call of `op`; hand its family back when every verdict says PyTorch and no new
     signature came for QUIET_CALLS calls (checked inside a backward pass: its end is a safe point)."""
     family = _FAMILY_OF.get(op)
-    state = _states.get((current_policy().fingerprint, family)) if family else None
+    steers = steering(current_policy())
+    state = _states.get((steers, family)) if family else None
     if state is None or state.returned:
         return
     state.quiet += 1
@@ -100,22 +112,22 @@ def note_call(op: str) -> None:
     routes = {route for route, _ in state.verdicts.values()}
     if True in routes or False not in routes:  # some signature gains, or nothing was compared
         return
-    _hand_back(current_policy().fingerprint, family, state)
+    _hand_back(steers, family, state)
 
 
 def _inside_backward() -> bool:
     return torch._C._current_graph_task_id() != -1
 
 
-def _hand_back(fingerprint: int, family: str, state: _Family) -> None:
+def _hand_back(steers: tuple, family: str, state: _Family) -> None:
     from . import overrides, routing
 
     with _lock:
         state.returned = True
         ops = {op for op, head in _FAMILY_OF.items() if head == family}
-        RETURNED[fingerprint] = RETURNED.get(fingerprint, frozenset()) | ops
+        RETURNED[steers] = RETURNED.get(steers, frozenset()) | ops
         _reasons[family] = "; ".join(sorted({why for _, why in state.verdicts.values()}))
-        routing.forget_routed(fingerprint)
+        routing.forget_routed()
     log.info("autotune hands %s back to PyTorch: %s", family, _reasons[family])
     torch.autograd.Variable._execution_engine.queue_callback(overrides.refresh_overrides)
 
@@ -136,12 +148,10 @@ def reset() -> None:
     from . import overrides, routing
 
     with _lock:
-        fingerprints = list(RETURNED)
         _states.clear()
         RETURNED.clear()
         _reasons.clear()
-    for fingerprint in fingerprints:
-        routing.forget_routed(fingerprint)
+        routing.forget_routed()
     overrides.refresh_overrides()
 
 

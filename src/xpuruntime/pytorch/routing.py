@@ -78,14 +78,15 @@ def routed_ops(policy: Any) -> frozenset[str]:
         names.update(*(FAMILIES.get(op, ()) for op in list(names)))
         if getattr(policy, "autotune", False):
             names |= FRONT_END_OPS
-        names -= handback.RETURNED.get(policy.fingerprint, frozenset())
+        if handback.RETURNED:
+            names -= handback.RETURNED.get(handback.steering(policy), frozenset())
         ops = _routed[policy.fingerprint] = frozenset(names)
     return ops
 
 
-def forget_routed(fingerprint: int) -> None:
-    """Drop the cached routed set of a policy (autotune handed some of its ops back)."""
-    _routed.pop(fingerprint, None)
+def forget_routed() -> None:
+    """Drop the cached routed sets (autotune handed some ops back)."""
+    _routed.clear()
 
 
 def nested() -> bool:
