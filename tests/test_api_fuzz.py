@@ -557,8 +557,8 @@ def seeded_arguments(draw: st.DrawFn) -> list[Any]:
 
 
 _FUZZ_DIR = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"xrt-fuzz-{os.getpid()}")
-HINTS = ("dtypes", "conditions", "priority", "fused", "tensor_cores", "deterministic", "min_compute_capability",
-         "launch_config", "workspace_bytes", "doc")  # fmt: skip
+HINTS = ("dtypes", "conditions", "priority", "fused", "tensor_cores", "deterministic", "returns_output",
+         "min_compute_capability", "launch_config", "workspace_bytes", "doc")  # fmt: skip
 op_names = st.sampled_from(sorted(REGISTRY.ops)) | python_values
 policy_values = st.one_of(
     python_values,

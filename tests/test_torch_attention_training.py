@@ -5,7 +5,8 @@ On any machine: the kernels are registered (cuDNN above flash_v2 above torch_fla
 run (explain; L = S = 1 included), and call the aten ops with arguments this PyTorch accepts (their meta
 kernels). On a CUDA machine (tests marked gpu): each kernel's forward and backward against the float64
 references, mixed forward/backward pairs with flash_v2, causal with L != S, odd lengths, GQA, masks and
-L = S = 1 declined, [B, S, H, D] views, poisoned outputs, and auto / autotune selection.
+L = S = 1 declined, [B, S, H, D] views, poisoned outputs, the backwards' own (dq, dk, dv) without out=,
+and auto / autotune selection.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ torch = pytest.importorskip("torch")
 import xpuruntime as xrt  # noqa: E402
 from xpuruntime.abi import TensorSpec  # noqa: E402
 from xpuruntime.context import build_context  # noqa: E402
+from xpuruntime.dispatch import run as dispatch_run  # noqa: E402
 from xpuruntime.ops.attention_backward import gradients_reference  # noqa: E402
 from xpuruntime.ops.attention_forward import lse_reference  # noqa: E402
 from xpuruntime.ops.attention_forward import reference as forward_reference  # noqa: E402
@@ -78,6 +80,8 @@ def test_kernels_are_registered_with_their_hints(op) -> None:
     for name in TORCH_KERNELS:
         assert table[name].backend == "torch" and table[name].fused and table[name].tensor_cores
         assert table[name].deterministic is (op == "attention_forward")  # the fused backwards use atomics
+        assert table[name].returns_output is (op == "attention_backward")  # aten's fresh dq, dk, dv: no packing
+    assert not table["flash_v2"].returns_output  # writes the packed output directly
     # auto ranks by measured forward+backward on an H100: cuDNN, then flash_v2, then PyTorch's flash
     assert table["torch_cudnn"].priority > table["flash_v2"].priority > table["torch_flash"].priority
     assert "torch_efficient" not in table  # wrong gradients on the H100 and never the fastest
@@ -173,6 +177,31 @@ def test_layout_matching_keeps_dense_tensors_and_copies_others() -> None:
     assert moved.stride() == same.stride() and torch.equal(moved, contiguous)
 
 
+@pytest.mark.parametrize("dims", [4, 3])
+def test_backward_returns_the_aten_tensors_without_out_and_packs_into_out(dims) -> None:
+    """The torch backwards' glue, with a stand-in for the aten call: no out= -> its three tensors themselves
+    (viewed in q/k/v's shapes when those have fewer dims); out= -> packed into it."""
+    from xpuruntime.abi import ArgPack, LaunchConfig
+    from xpuruntime.backends.torch import attention_training as T
+
+    shape = (2, 3, 4, 8)[4 - dims :]
+    q, k, v, do, o = (torch.randn(shape) for _ in range(5))
+    lse = torch.randn(shape[:-1])
+    made: list = []
+
+    def backward(do4, q4, k4, v4, o4, lse3, causal, scale):
+        assert q4.dim() == 4 and lse3.shape == q4.shape[:3] and causal and scale == 0.5
+        made[:] = [q4 * 2, k4 * 3, v4 * 4]
+        return tuple(made)
+
+    attrs = {"is_causal": True, "scale": 0.5, "sizes": (q.numel(), k.numel(), v.numel())}
+    grads = T._run_backward(ArgPack((do, q, k, v, o, lse, None), None, attrs, LaunchConfig()), backward)
+    assert all(g.shape == shape and g.data_ptr() == m.data_ptr() for g, m in zip(grads, made))
+    packed = torch.full((3 * q.numel(),), float("nan"))
+    assert T._run_backward(ArgPack((do, q, k, v, o, lse, None), packed, attrs, LaunchConfig()), backward) is None
+    assert torch.equal(packed, torch.cat([q.reshape(-1) * 2, k.reshape(-1) * 3, v.reshape(-1) * 4]))
+
+
 # ---------------------------------------------------------------------------------------------- on a GPU
 
 
@@ -244,8 +273,18 @@ def _check_pair(fwd: str, bwd: str, q, k, v, mask, causal: bool, gqa: bool, dtyp
         total = q.numel() + k.numel() + v.numel()
         packed = torch.full((total,), float("nan"), dtype=q.dtype, device="cuda")  # poisoned
         grads = xrt.ops.attention_backward(do, q, k, v, out, lse, mask, causal, None, gqa, grads_out=packed)
+        assert grads[0].data_ptr() == packed.data_ptr()  # written into the caller's buffer
         want = gradients_reference(f64(do), q64, k64, v64, m64, causal, None, gqa)
         for name, got, ref in zip("qkv", grads, want):
+            assert not torch.isnan(got).any(), f"d{name} has NaN"
+            assert_close(got, ref, TOL[dtype])
+        # without grads_out the torch kernels (returns_output) give aten's own three tensors, nothing packed
+        raw = dispatch_run("attention_backward", (do, q, k, v, out, lse, mask), (causal, None, gqa))
+        assert isinstance(raw, tuple) is (bwd in TORCH_KERNELS), type(raw)
+        if bwd in TORCH_KERNELS:
+            assert len({g.untyped_storage().data_ptr() for g in raw}) == 3
+        fresh = xrt.ops.attention_backward(do, q, k, v, out, lse, mask, causal, None, gqa)
+        for name, got, ref in zip("qkv", fresh, want):
             assert not torch.isnan(got).any(), f"d{name} has NaN"
             assert_close(got, ref, TOL[dtype])
         # the dispatcher's own output buffer (adopted, not copied) gives the same

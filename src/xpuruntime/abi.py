@@ -3,6 +3,9 @@
 Contract:
 - A kernel's launch function takes one `ArgPack` and returns nothing. It writes its result into
   `args.out`, which the runtime allocated (or the caller passed) with the inferred shape and dtype.
+- Except a kernel declared `returns_output=True`: when the caller passed no `out=`, `args.out` is None
+  and the kernel returns its output, freshly allocated (it must not alias the inputs); the op's docs say
+  what form it may take. With `out=` it writes into `args.out` like any kernel.
 - Tensors are described by `TensorSpec` (ptr, shape, strides in elements, dtype, device): the packed
   form a raw (C/CUDA) kernel would receive. Python kernels use the arrays in `args.inputs` directly.
 - Launch geometry lives in a `LaunchConfig` computed next to the kernel by its launch-config function,
@@ -162,8 +165,8 @@ def layout_class(shape: tuple[int, ...], strides: tuple[int, ...]) -> str:
 
 
 class ArgPack:
-    """Everything one launch receives: arrays, output, normalized attributes, config, workspace, and the
-    stream to launch on (the caller's current stream; None on the CPU)."""
+    """Everything one launch receives: arrays, output (None for a returns_output kernel called without
+    out=), normalized attributes, config, workspace, and the stream to launch on (None on the CPU)."""
 
     __slots__ = ("attrs", "config", "inputs", "out", "stream", "workspace")
 

@@ -133,7 +133,7 @@ def _time_one(
     plan = dispatcher.make_plan(dataclasses.replace(decision, kernel=cand.kernel, reason=REASON), policy)
     backend = dispatcher.registry.backends[cand.kernel.backend]
     stream = None if plan.current_stream is None else plan.current_stream(plan.device)
-    out = plan.allocate(stream)
+    out = None if plan.returns_output else plan.allocate(stream)  # as dispatch runs it: no copy into a buffer
     workspace = (
         dispatcher.workspaces.lend(plan.workspace_bytes, plan.device, plan.empty, stream)
         if plan.workspace_bytes

@@ -2,7 +2,8 @@
 
 The hot path on a plan-cache hit is: read the policy, build the signature key, one dict lookup,
 allocate the output, launch. Validation, selection, launch-config and workspace sizing happen only on
-a miss, because the key fixes everything they depend on.
+a miss, because the key fixes everything they depend on. A kernel declared `returns_output=True`
+allocates its own output: without `out=` nothing is allocated here and its return value is the result.
 """
 
 from __future__ import annotations
@@ -97,10 +98,10 @@ class Dispatcher:
             finally:
                 LAUNCHING.depth -= 1
         stream = None if plan.current_stream is None else plan.current_stream(plan.device)
-        if out is None:
-            out = plan.allocate(stream)
-        else:
+        if out is not None:
             plan.schema.check_layout(inputs, out)
+        elif not plan.returns_output:
+            out = plan.allocate(stream)
         launch_start = time.perf_counter_ns() if start else 0
         workspace = (
             self.workspaces.lend(plan.workspace_bytes, plan.device, plan.empty, stream)
@@ -109,13 +110,15 @@ class Dispatcher:
         )
         LAUNCHING.depth += 1
         try:
-            plan.launch(ArgPack(inputs, out, plan.attrs, plan.config, workspace, stream))
+            returned = plan.launch(ArgPack(inputs, out, plan.attrs, plan.config, workspace, stream))
             if plan.finish is not None:
                 plan.finish(stream)
         except Exception as exc:
             raise _launch_error(plan, exc) from exc
         finally:
             LAUNCHING.depth -= 1
+        if out is None:  # a returns_output kernel called without out=: its return value is the result
+            out = _returned_output(plan, returned)
         if start:
             _notify_observers(plan, hit, start, launch_start)
         return out
@@ -133,7 +136,10 @@ class Dispatcher:
         result = self.run(op, inputs_, attrs_, out_, policy)
         if out is not None:
             return out
-        return sys.modules["torch"].from_numpy(result) if has_cpu_tensor(inputs, None) else result
+        if not has_cpu_tensor(inputs, None):
+            return result
+        from_numpy = sys.modules["torch"].from_numpy
+        return tuple(map(from_numpy, result)) if isinstance(result, tuple) else from_numpy(result)
 
     def _plan_miss(self, op: str, inputs: tuple, attrs: tuple, out: Any, policy: KernelPolicy, key: Hashable) -> Plan:
         generation = self.registry.generation
@@ -216,6 +222,17 @@ def _finisher(backend: Backend, op: str, device: str, sync: SyncPolicy) -> Any:
 
         return record_last
     return None
+
+
+def _returned_output(plan: Plan, returned: Any) -> Any:
+    """What a returns_output kernel gave back when the caller passed no out=; None is a broken kernel."""
+    if returned is None:
+        kernel = plan.kernel
+        raise LaunchError(
+            f"{kernel.op}: kernel '{kernel.name}' [{kernel.backend}] declares returns_output=True but returned "
+            f"None for a call without out= ({plan.decision.ctx.summary()}); it must return the output it allocated"
+        )
+    return returned
 
 
 def _launch_error(plan: Plan, exc: Exception) -> LaunchError:

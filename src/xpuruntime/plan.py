@@ -26,7 +26,7 @@ class Plan:
 
     __slots__ = (
         "_cost", "_log_fields", "allocate", "attrs", "config", "current_stream", "decision", "device", "empty",
-        "finish", "kernel", "last_used", "launch", "schema", "workspace_bytes",
+        "finish", "kernel", "last_used", "launch", "returns_output", "schema", "workspace_bytes",
     )  # fmt: skip
 
     def __init__(
@@ -50,6 +50,9 @@ class Plan:
         self.empty = empty
         self.device = ctx.device
         self.allocate = functools.partial(empty, ctx.out_shape, ctx.out_dtype, ctx.device)  # (stream) -> output
+        # the kernel allocates and returns its output when given none: the dispatcher then skips `allocate`
+        # (callers that allocate anyway and pass the buffer as out= stay correct: the kernel writes into it)
+        self.returns_output = decision.kernel.returns_output
         self.current_stream = current_stream  # None where launches need no stream (the CPU)
         self.finish = finish  # (stream) -> None after each launch: the policy's sync, or None for NO_SYNC
         self.last_used = 0  # the plan cache's clock at the last hit, for LRU eviction

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 # only at what the plan-cache key fixes (op, attributes, dtypes, shapes, strides, devices, policy): a
 # decision is reused for every later call with the same key. (Pointer alignment is not in the key.)
 Condition = Callable[["DispatchContext"], "str | Iterable[str] | None"]
-LaunchFn = Callable[[ArgPack], None]
+LaunchFn = Callable[[ArgPack], Any]  # returns None, or its output when declared returns_output=True
 
 BACKENDS_PACKAGE = "xpuruntime.backends"  # each subpackage is a backend: BACKEND in __init__, kernels in modules
 OPS_PACKAGE = "xpuruntime.ops"  # each module's OpSchema objects are ops
@@ -105,6 +105,10 @@ class KernelSpec:
     min_compute_capability: tuple[int, int] | None = None
     launch_config: Callable[[DispatchContext], LaunchConfig] = _default_launch_config
     workspace_bytes: Callable[[DispatchContext], int] = _no_workspace
+    # True: called with args.out None (the caller gave no out=), the kernel allocates and returns its output
+    # (e.g. a library call that returns fresh tensors), so nothing is allocated for it or copied; given an
+    # out=, it writes into it as every kernel does
+    returns_output: bool = False
     doc: str = ""
 
     def __post_init__(self) -> None:
@@ -175,7 +179,7 @@ def _validate(spec: KernelSpec) -> None:
     priority = spec.priority
     if not isinstance(priority, numbers.Real) or isinstance(priority, bool) or priority != priority:
         raise _bad(spec, "priority", "a number", priority)
-    for field_name in ("fused", "tensor_cores", "deterministic"):
+    for field_name in ("fused", "tensor_cores", "deterministic", "returns_output"):
         if not isinstance(getattr(spec, field_name), bool):
             raise _bad(spec, field_name, "True or False", getattr(spec, field_name))
     cc = spec.min_compute_capability

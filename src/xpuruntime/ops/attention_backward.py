@@ -6,7 +6,10 @@ enable_gqa=False)` returns `(dq, dk, dv)` with the shapes of q, k, v, where `out
 heads that share a key/value head. A query row that saw no key (lse = +inf) contributes no gradient.
 
 The kernel ABI has one output per op: the op's output is one flat array in q's dtype packing
-[dq | dk | dv] (each C-contiguous); `unpack` (and the front end) return views of it.
+[dq | dk | dv] (each C-contiguous), and `out=` (`grads_out`) must be such an array. Without `out=`, a
+kernel declared `returns_output=True` (PyTorch's fused backwards, whose aten ops return three fresh
+tensors) may return the tuple (dq, dk, dv) instead, so nothing is copied into a packed buffer.
+`unpack` takes either form; the wrapper below and the PyTorch front ends always return (dq, dk, dv).
 
 A PyTorch autograd Function calls `attention_forward` in forward (saving q, k, v, out, lse) and this
 op in backward; both go through the dispatcher, so the policy picks their kernels.
@@ -62,7 +65,10 @@ def flops(ctx: DispatchContext) -> int:
 
 
 def unpack(packed: Any, q_shape: tuple, k_shape: tuple, v_shape: tuple) -> tuple[Any, Any, Any]:
-    """(dq, dk, dv) views of the packed output."""
+    """(dq, dk, dv) from the op's result: views of the packed array, or a kernel's own tuple as it is."""
+    if isinstance(packed, tuple | list):
+        dq, dk, dv = packed
+        return dq, dk, dv
     a = math.prod(q_shape)
     b = a + math.prod(k_shape)
     c = b + math.prod(v_shape)
@@ -115,7 +121,8 @@ ATTENTION_BACKWARD = OpSchema(
     infer_shape=lambda ctx: (sum(ctx.attrs["sizes"]),),
     reference=reference,
     flops=flops,
-    doc="Gradients of attention (dq, dk, dv packed in one array) from the saved output and logsumexp.",
+    doc="Gradients of attention (dq, dk, dv packed in one array, or a returns_output kernel's tuple) from the "
+    "saved output and logsumexp.",
 )
 
 
@@ -123,7 +130,8 @@ def attention_backward(
     grad_out: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, attn_mask: Any = None, is_causal: bool = False,
     scale: float | None = None, enable_gqa: bool = False, *, grads_out: Any = None,
 ) -> tuple[Any, Any, Any]:  # fmt: skip
-    """(dq, dk, dv) for upstream gradient grad_out; `grads_out` is an optional packed output buffer."""
+    """(dq, dk, dv) for upstream gradient grad_out; `grads_out` is an optional packed output buffer (the
+    gradients are then views of it)."""
     packed = run("attention_backward", (grad_out, q, k, v, out, lse, attn_mask), (is_causal, scale, enable_gqa),
                  grads_out)  # fmt: skip
     return unpack(packed, tuple(q.shape), tuple(k.shape), tuple(v.shape))

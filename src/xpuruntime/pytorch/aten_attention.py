@@ -54,7 +54,8 @@ def _inference_forward(q: Any, k: Any, v: Any, mask: Any, is_causal: bool, scale
 
 
 def _unpack(packed: torch.Tensor, q: Any, k: Any, v: Any) -> tuple:
-    """dq, dk, dv from attention_backward's flat [dq | dk | dv] output (or a tuple, as some kernels give)."""
+    """dq, dk, dv from attention_backward's result: views of the flat [dq | dk | dv] array, or the tuple a
+    returns_output kernel gives (its own fresh tensors, passed on as they are)."""
     if isinstance(packed, list | tuple):
         return tuple(packed[:3])
     parts = packed.split((q.numel(), k.numel(), v.numel()))

@@ -71,7 +71,9 @@ def _fused_attention_backward(
         attrs = attrs_for("attention_backward", {"is_causal": is_causal, "scale": scale})
         with using(family_policy(current_policy())):
             packed = dispatch("attention_backward", (dout, query, key, value, out, lse, attn_mask), attrs)
-        if packed is not None:
+        if isinstance(packed, tuple | list):  # a returns_output kernel's own fresh (dq, dk, dv): no clone
+            return tuple(packed)
+        if packed is not None:  # views of one packed array alias each other, which a custom op may not return
             sizes = [t.numel() for t in (query, key, value)]
             return tuple(p.view(t.shape).clone() for p, t in zip(packed.split(sizes), (query, key, value)))
     return _attention_grads(dout, query, key, value, out, attn_mask, is_causal, scale)

@@ -36,17 +36,17 @@ Copies (beyond what the aten ops do themselves):
   writes); else one copy into that layout, since cuDNN's backward caches its graph by q/k/v strides only
   and reads out and grad_out in the layout of the graph it built (PyTorch permutes grad_out the same way).
   flash: none unless the last dim is strided.
-- backward, dq / dk / dv: written once more into the packed output [dq | dk | dv]: the op's ABI is one
-  C-contiguous array and the aten backwards allocate their own three tensors (no output arguments), so
-  this copy cannot be skipped. One torch.cat when all three are contiguous (one kernel instead of three:
-  about 5-13 us less on the H100), a copy each otherwise (gradients laid out like a [B, S, H, D] view are
-  transposed on the way). At bf16 B4 H16 S2048 D128 it moves 3 x 32 MB each way, about 60 us.
+- backward, dq / dk / dv: none without out=: both backward kernels are declared `returns_output=True`
+  and return the aten op's own three tensors as the tuple (dq, dk, dv) (laid out as aten made them, e.g.
+  like q for a [B, S, H, D] view). Only a caller's packed out= buffer [dq | dk | dv] gets them copied:
+  one torch.cat when all three are contiguous, a copy each otherwise. That packing used to run on every
+  call: at bf16 B4 H16 S2048 D128 it moved 3 x 32 MB each way, about 60 us.
 Measured on an H100 (PyTorch 2.11, bf16 B4 H16 S2048, fwd+bwd ms; PyTorch SDPA cuDNN + autograd / these
 two aten calls alone / plus the packing cat): D128 0.93 / 0.99 / 1.06, D128 causal 0.62-0.70 / 0.63 /
-0.70, D64 0.60 / 0.61 / 0.65, D64 causal 0.41 / 0.41 / 0.44. The packing is the avoidable-looking part
-that remains; at D128 the two aten calls alone also came out about 0.06 ms slower than SDPA in two runs
-(not explained yet). The dispatcher's Python cost (about 0.3 ms enqueue per fwd+bwd) stays hidden
-behind the GPU at these sizes.
+0.70, D64 0.60 / 0.61 / 0.65, D64 causal 0.41 / 0.41 / 0.44. That was before the backwards returned
+their tuple: the last column's packing is gone without out= (not yet measured again). At D128 the two
+aten calls alone also came out about 0.06 ms slower than SDPA in two runs (not explained yet). The
+dispatcher's Python cost (about 0.3 ms enqueue per fwd+bwd) stays hidden behind the GPU at these sizes.
 """
 
 from __future__ import annotations
@@ -161,8 +161,8 @@ def _lse3(lse: torch.Tensor, q4: torch.Tensor) -> torch.Tensor:
     return lse.reshape(q4.shape[:3]).contiguous()
 
 
-def _unpack_into(args: ArgPack, q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor, grads: tuple) -> None:
-    """dq, dk, dv into the packed output: one cat kernel when all three are contiguous (the usual case),
+def _pack_into(args: ArgPack, q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor, grads: tuple) -> None:
+    """dq, dk, dv into a caller's packed out=: one cat kernel when all three are contiguous (the usual case),
     else a copy each (a gradient laid out like a [B, S, H, D] view is transposed on the way)."""
     packed = args.out
     if all(g.is_contiguous() for g in grads[:3]):
@@ -184,13 +184,19 @@ def _run_forward(args: ArgPack, forward) -> None:
     _store(args, out4.view(args.out.shape))
 
 
-def _run_backward(args: ArgPack, backward) -> None:
-    """Packed dq | dk | dv from a backend's backward(do4, q4, k4, v4, o4, lse [B, H, L], causal, scale)."""
+def _run_backward(args: ArgPack, backward) -> tuple | None:
+    """(dq, dk, dv) from a backend's backward(do4, q4, k4, v4, o4, lse [B, H, L], causal, scale): the aten
+    op's own tensors returned (no out=: the kernels are returns_output), else packed into args.out."""
     do, q, k, v, out, lse, _ = args.inputs
     at = args.attrs
     q4, k4, v4 = _view4(q), _view4(k), _view4(v)
     grads = backward(_view4(do), q4, k4, v4, _view4(out), _lse3(lse, q4), at["is_causal"], at["scale"])
-    _unpack_into(args, q4, k4, v4, grads)
+    if args.out is None:
+        if q.dim() == k.dim() == v.dim() == 4:
+            return grads[:3]
+        return grads[0].view(q.shape), grads[1].view(k.shape), grads[2].view(v.shape)
+    _pack_into(args, q4, k4, v4, grads)
+    return None
 
 
 # ----------------------------------------------------------------------------------------------- flash
@@ -222,11 +228,11 @@ def attention_forward_torch_flash(args: ArgPack) -> None:
 
 @kernel(
     "attention_backward", "torch_flash", backend="torch", dtypes=HALF_DTYPES, priority=15, fused=True,
-    tensor_cores=True, deterministic=False, conditions=FLASH_CONDITIONS,
+    tensor_cores=True, deterministic=False, conditions=FLASH_CONDITIONS, returns_output=True,
 )  # fmt: skip
-def attention_backward_torch_flash(args: ArgPack) -> None:
+def attention_backward_torch_flash(args: ArgPack) -> tuple | None:
     """PyTorch's FlashAttention-2 backward; takes any forward's (out, lse) (lse is the op's [B, H, L])."""
-    _run_backward(args, flash_backward)
+    return _run_backward(args, flash_backward)
 
 
 # ----------------------------------------------------------------------------------------------- cuDNN
@@ -272,11 +278,11 @@ def attention_forward_torch_cudnn(args: ArgPack) -> None:
 
 @kernel(
     "attention_backward", "torch_cudnn", backend="torch", dtypes=HALF_DTYPES, priority=25, fused=True,
-    tensor_cores=True, deterministic=False, conditions=CUDNN_CONDITIONS,
+    tensor_cores=True, deterministic=False, conditions=CUDNN_CONDITIONS, returns_output=True,
 )  # fmt: skip
-def attention_backward_torch_cudnn(args: ArgPack) -> None:
+def attention_backward_torch_cudnn(args: ArgPack) -> tuple | None:
     """cuDNN's fused attention backward; takes any forward's (out, lse) (lse viewed as [B, H, L, 1])."""
-    _run_backward(args, cudnn_backward)
+    return _run_backward(args, cudnn_backward)
 
 
 __all__ = [
