@@ -98,7 +98,7 @@ def test_torch_kernels_match_reference(op, inputs, attrs):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("op", ["matmul", "linear", "layer_norm", "softmax", "sum"])
+@pytest.mark.parametrize("op", ["matmul", "linear", "layer_norm", "rms_norm", "softmax", "sum"])
 def test_torch_kernels_through_the_dispatcher_on_gpu(op):
     if default_registry().backends["torch"].unavailable_reason:
         pytest.skip(default_registry().backends["torch"].unavailable_reason)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch.nn.functional as F
 
 from ...abi import ArgPack
@@ -9,17 +11,25 @@ from ...registry import kernel
 from .common import GPU_FLOAT_DTYPES
 
 
-@kernel("layer_norm", "torch", backend="torch", dtypes=GPU_FLOAT_DTYPES, priority=20)
-def layer_norm_torch(args: ArgPack) -> None:
-    """F.layer_norm, then a copy into the output (PyTorch has no out= form)."""
+def _returned(args: ArgPack, y: Any) -> Any:
+    """PyTorch's own output when the caller gave none, else a copy into the caller's (no out= form)."""
+    if args.out is None:
+        return y
+    args.out.copy_(y)
+    return args.out
+
+
+@kernel("layer_norm", "torch", backend="torch", dtypes=GPU_FLOAT_DTYPES, priority=20, returns_output=True)
+def layer_norm_torch(args: ArgPack) -> Any:
+    """F.layer_norm."""
     x, weight, bias = args.inputs
     at = args.attrs
-    args.out.copy_(F.layer_norm(x, at["normalized_shape"], weight, bias, at["eps"]))
+    return _returned(args, F.layer_norm(x, at["normalized_shape"], weight, bias, at["eps"]))
 
 
-@kernel("rms_norm", "torch", backend="torch", dtypes=GPU_FLOAT_DTYPES, priority=20)
-def rms_norm_torch(args: ArgPack) -> None:
-    """F.rms_norm, then a copy into the output (PyTorch has no out= form)."""
+@kernel("rms_norm", "torch", backend="torch", dtypes=GPU_FLOAT_DTYPES, priority=20, returns_output=True)
+def rms_norm_torch(args: ArgPack) -> Any:
+    """F.rms_norm."""
     x, weight = args.inputs
     at = args.attrs
-    args.out.copy_(F.rms_norm(x, at["normalized_shape"], weight, at["eps"]))
+    return _returned(args, F.rms_norm(x, at["normalized_shape"], weight, at["eps"]))
