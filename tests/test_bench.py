@@ -194,3 +194,16 @@ def test_kernel_alternatives_force_each_supported_kernel_and_report_auto_vs_best
     assert result.ours_vs_best == pytest.approx(1.0 / 1.25)
     assert set(result.alternatives_ms) == set(alternatives)
     assert "auto > 5 % slower" in bench.markdown([result], {})
+
+
+def test_interleaved_timing_alternates_variants_and_keeps_each_ones_best_round():
+    from xpuruntime.bench import interleaved
+
+    order, samples = [], {"a": iter([3.0, 1.0, 2.0]), "b": iter([5.0, 6.0, 4.0])}
+
+    def timer(fn):
+        order.append(fn())
+        return next(samples[order[-1]])
+
+    assert interleaved({"a": lambda: "a", "b": lambda: "b"}, timer, rounds=3) == {"a": 1.0, "b": 4.0}
+    assert order == ["a", "b"] * 3
