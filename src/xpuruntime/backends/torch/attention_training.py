@@ -41,12 +41,12 @@ Copies (beyond what the aten ops do themselves):
   like q for a [B, S, H, D] view). Only a caller's packed out= buffer [dq | dk | dv] gets them copied:
   one torch.cat when all three are contiguous, a copy each otherwise. That packing used to run on every
   call: at bf16 B4 H16 S2048 D128 it moved 3 x 32 MB each way, about 60 us.
-Measured on an H100 (PyTorch 2.11, bf16 B4 H16 S2048, fwd+bwd ms; PyTorch SDPA cuDNN + autograd / these
-two aten calls alone / plus the packing cat): D128 0.93 / 0.99 / 1.06, D128 causal 0.62-0.70 / 0.63 /
-0.70, D64 0.60 / 0.61 / 0.65, D64 causal 0.41 / 0.41 / 0.44. That was before the backwards returned
-their tuple: the last column's packing is gone without out= (not yet measured again). At D128 the two
-aten calls alone also came out about 0.06 ms slower than SDPA in two runs (not explained yet). The
-dispatcher's Python cost (about 0.3 ms enqueue per fwd+bwd) stays hidden behind the GPU at these sizes.
+Measured on an H100 (PyTorch 2.11, B4 H16 S2048 fwd+bwd ms, interleaved rounds, session 7): this pair
+through the dispatcher against PyTorch's SDPA-cuDNN + autograd: bf16 D128 0.955 / 0.926, D128 causal
+0.619 / 0.616, D64 0.600 / 0.594, D64 causal 0.410 / 0.406; fp16 D128 0.993 / 0.934. Before the
+backwards returned their tuple, D128 was 0.99-1.06 against 0.93. The 3-6 % left at D128 non-causal is
+not explained yet (the lse copy is 0.5 MB). The dispatcher's Python cost (about 0.3 ms enqueue per
+fwd+bwd) stays hidden behind the GPU at these sizes.
 """
 
 from __future__ import annotations
