@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 import xpuruntime as xrt
 from xpuruntime.ops.attention import reference as attention_reference
@@ -67,3 +68,18 @@ def test_layer_norm_backward_of_a_row_with_nearly_equal_values() -> None:
     np.testing.assert_allclose(dx, rstd * (g - g.mean() - xhat * np.mean(g * xhat)), rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(dw, dy64 * xhat, rtol=1e-6)
     np.testing.assert_allclose(db, dy64, rtol=1e-7)
+
+
+@pytest.mark.parametrize("op,kernel", [("attention", "math"), ("attention", "chunked"), ("attention_forward", "math")])
+def test_attention_with_a_scale_that_overflows_float32_scores(op, kernel):
+    """scale * q.k beyond float32's range (hypothesis found scale=2.7e38): every score of a row became
+    -inf and the row NaN, though the softmax is finite; such scores are computed in float64."""
+    q, k, v = (rng.standard_normal((3, 5, 4)).astype(np.float32) for _ in range(3))
+    scale = 2.7e38
+    inputs = (q, k, v, None) if op == "attention" else (q, k, v, None, np.full((3, 5), np.nan, np.float32))
+    attrs = (False, scale) if op == "attention" else (False, scale, False)
+    with xrt.kernel_policy(strict=True, **{op: kernel}):
+        got = xrt.dispatch.run(op, inputs, attrs)
+    ref = attention_reference(q, k, v, scale=scale)
+    assert np.isfinite(got).all(), got
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)

@@ -16,7 +16,7 @@ import numpy as np
 from ...abi import ArgPack, LaunchConfig
 from ...context import DispatchContext
 from ...registry import kernel
-from .common import CPU_FLOAT_DTYPES, as_compute, compute_dtype
+from .common import CPU_FLOAT_DTYPES, as_compute, compute_dtype, score_dtype
 
 MATH_MAX_SCORES = 1 << 26  # elements of the full score matrix (256 MiB in fp32)
 
@@ -93,8 +93,9 @@ def attention_math(args: ArgPack) -> None:
     (smaller) result, written straight into `out` when it has the compute dtype."""
     if args.out.size == 0:  # e.g. L == S == 0: max() over no keys would raise
         return
-    q, k, v = (as_compute(t) for t in args.inputs[:3])
     at = args.attrs
+    dtype = score_dtype(args.inputs[0], args.inputs[1], at["scale"])
+    q, k, v = (as_compute(t, dtype) for t in args.inputs[:3])
     scores = np.empty((*at["batch"], at["L"], at["S"]), q.dtype)
     out = args.out
     with np.errstate(invalid="ignore", divide="ignore"):  # rows that see no key become NaN, as in PyTorch
@@ -144,9 +145,13 @@ def attention_chunked(args: ArgPack) -> None:
         return
     at, params = args.attrs, args.config.params
     batch, L, S = at["batch"], at["L"], at["S"]
-    q, k, v = (np.broadcast_to(as_compute(t), (*batch, *t.shape[-2:])) for t in args.inputs[:3])
+    dtype = score_dtype(args.inputs[0], args.inputs[1], at["scale"])
+    q, k, v = (np.broadcast_to(as_compute(t, dtype), (*batch, *t.shape[-2:])) for t in args.inputs[:3])
     block_q, block_k = params["BLOCK_Q"], params["BLOCK_K"]
-    scratch = args.workspace.view(q.dtype).reshape(*batch, block_q, block_k)
+    if dtype == compute_dtype(args.inputs[0].dtype):
+        scratch = args.workspace.view(dtype).reshape(*batch, block_q, block_k)
+    else:  # float64 scores for an overflow-prone scale: the workspace was sized for the compute dtype
+        scratch = np.empty((*batch, block_q, block_k), dtype)
     for i in range(0, L, block_q):
         rows = slice(i, min(i + block_q, L))
         nq = rows.stop - rows.start

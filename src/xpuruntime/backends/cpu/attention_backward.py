@@ -14,7 +14,7 @@ import numpy as np
 from ...abi import ArgPack
 from ...context import DispatchContext
 from ...registry import kernel
-from .common import CPU_FLOAT_DTYPES, as_compute
+from .common import CPU_FLOAT_DTYPES, as_compute, score_dtype
 
 MAX_SCORES = 1 << 26  # elements of the full score matrix (256 MiB in fp32)
 
@@ -64,7 +64,8 @@ def attention_forward_math(args: ArgPack) -> None:
         return
     q, k, v, mask, lse_out = args.inputs
     at = args.attrs
-    q, k, v = as_compute(q), as_compute(k), as_compute(v)
+    dtype = score_dtype(q, k, at["scale"])
+    q, k, v = as_compute(q, dtype), as_compute(k, dtype), as_compute(v, dtype)
     k, v = _expand(k, at["group"], at["enable_gqa"]), _expand(v, at["group"], at["enable_gqa"])
     s = _scores(args, q, k, None if mask is None else as_compute(mask) if mask.dtype != bool else mask)
     lse = _row_lse(s)
@@ -72,7 +73,8 @@ def attention_forward_math(args: ArgPack) -> None:
         p = np.exp(s - lse[..., None])
         p[np.isinf(lse)] = np.nan
     np.copyto(args.out, np.matmul(p, v), casting="same_kind")
-    np.copyto(lse_out, lse, casting="same_kind")
+    with np.errstate(over="ignore"):  # an lse beyond float32 (scale ~1e38) is +-inf there, as in float32 math
+        np.copyto(lse_out, lse, casting="same_kind")
 
 
 @kernel("attention_backward", "math", backend="cpu", dtypes=CPU_FLOAT_DTYPES, priority=10,
@@ -84,7 +86,8 @@ def attention_backward_math(args: ArgPack) -> None:
     do, q, k, v, out, lse, mask = args.inputs
     at = args.attrs
     group, gqa = at["group"], at["enable_gqa"]
-    do, q, k, v, out = (as_compute(t) for t in (do, q, k, v, out))
+    dtype = score_dtype(q, k, at["scale"])
+    do, q, k, v, out = (as_compute(t, dtype) for t in (do, q, k, v, out))
     ke, ve = _expand(k, group, gqa), _expand(v, group, gqa)
     s = _scores(args, q, ke, None if mask is None else as_compute(mask) if mask.dtype != bool else mask)
     with np.errstate(invalid="ignore", over="ignore"):
