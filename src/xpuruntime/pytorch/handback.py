@@ -43,7 +43,7 @@ class _Family:
 
 
 _FAMILY_OF: dict[str, str] = {}  # op -> family head, filled by `watch_families`
-_states: dict[tuple[int, str], _Family] = {}
+_states: dict[tuple[tuple, str], _Family] = {}  # (steering(policy), family head) -> verdicts
 RETURNED: dict[tuple, frozenset[str]] = {}  # `steering(policy)` -> the ops it no longer steers
 _steering: dict[int, tuple] = {}
 _reasons: dict[str, str] = {}
@@ -62,6 +62,8 @@ def steering(policy: KernelPolicy) -> tuple:
     and the one in force in the backward then share their verdicts and hand-backs."""
     key = _steering.get(policy.fingerprint)
     if key is None:
+        if len(_steering) > 1024:
+            _steering.clear()
         prefs = frozenset(policy.preferences.items())
         key = _steering[policy.fingerprint] = (policy.autotune, policy.autotune_ops, prefs, policy.deterministic)
     return key
