@@ -44,8 +44,10 @@ Copies (beyond what the aten ops do themselves):
 Measured on an H100 (PyTorch 2.11, B4 H16 S2048 fwd+bwd ms, interleaved rounds, session 7): this pair
 through the dispatcher against PyTorch's SDPA-cuDNN + autograd: bf16 D128 0.955 / 0.926, D128 causal
 0.619 / 0.616, D64 0.600 / 0.594, D64 causal 0.410 / 0.406; fp16 D128 0.993 / 0.934. Before the
-backwards returned their tuple, D128 was 0.99-1.06 against 0.93. The 3-6 % left at D128 non-causal is
-not explained yet (the lse copy is 0.5 MB). The dispatcher's Python cost (about 0.3 ms enqueue per
+backwards returned their tuple, D128 was 0.99-1.06 against 0.93. The GPU kernels of the two paths are
+the same cuDNN kernels to 0.5 % (904 vs 909 us at D128, the 1.8 us lse copy the only extra one:
+`benchmarks/cudnn_pair_trace.py`), so the 3-6 % left at D128 non-causal is host latency between the
+forward's and the backward's launches in one timed call. The dispatcher's Python cost (about 0.3 ms enqueue per
 fwd+bwd) stays hidden behind the GPU at these sizes.
 """
 
