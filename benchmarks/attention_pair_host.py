@@ -21,6 +21,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.testing import do_bench
 
 import xpuruntime as xrt
+from xpuruntime.autotune import STORE
 
 
 def host_us(fn, calls: int = 20, rounds: int = 7) -> float:
@@ -81,6 +82,12 @@ def main() -> None:
     for fn in paths.values():
         fn()
     torch.cuda.synchronize()
+    xrt.enable_dispatch_logging()
+    paths["autotune pair"]()
+    xrt.disable_dispatch_logging()
+    chosen = [f"{r.op_name}={r.selected_kernel}" for r in xrt.get_dispatch_logs()]
+    tuned = [{k: round(t, 1) for k, t in e["times_us"].items()} for e in STORE.memory.values()]
+    print(f"autotune chose {chosen}; tuned µs {tuned}")
     print(f"B4 H16 S2048 D{args.dim} bf16{' causal' if causal else ''}")
     print(f"{'path':20s} {'host us':>9s} {'do_bench ms':>12s} {'back-to-back ms':>16s}")
     for _ in range(2):
