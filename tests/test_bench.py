@@ -182,18 +182,23 @@ def test_kernel_alternatives_force_each_supported_kernel_and_report_auto_vs_best
     b = rng.standard_normal((17, 9)).astype(np.float32)
     alternatives = bench.kernel_alternatives("matmul", lambda: xrt.ops.matmul(a, b), a, b)
     supported = [c.kernel.name for c in xrt.explain("matmul", a, b, show=False).candidates if c.supported]
-    assert sorted(alternatives) == sorted(supported) and len(alternatives) >= 2
+    assert sorted(alternatives) == sorted([*supported, "auto"]) and len(alternatives) >= 3
     xrt.enable_dispatch_logging()
     for name, fn in alternatives.items():
         np.testing.assert_allclose(fn(), a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
-        assert xrt.get_dispatch_logs()[-1].selected_kernel == name
-    times = {fn: 1.0 + i for i, fn in enumerate(alternatives.values())}
+        log = xrt.get_dispatch_logs()[-1]
+        assert log.selected_kernel == name if name != "auto" else log.reason == "auto"
+    times = {fn: 1.0 + i for i, fn in enumerate(alternatives.values())}  # auto last: the slowest
     setup, ours, anchor = make_setup(nbytes=100, alternatives=alternatives)
     times.update({ours: 1.25, anchor: 2.0})
     result = bench.run_row(Row("mm", "gemm", lambda: setup, target=1.0), fixed_timer(times))
     assert result.ours_vs_best == pytest.approx(1.0 / 1.25)
     assert set(result.alternatives_ms) == set(alternatives)
-    assert "auto > 5 % slower" in bench.markdown([result], {})
+    assert result.selection_vs_best == {"auto": pytest.approx(1.0 / len(alternatives))}
+    assert "⚠ auto below floor" in bench.markdown([result], {})
+    times[alternatives["auto"]] = 1.02  # within 5 % of the fastest: no flag
+    result = bench.run_row(Row("mm", "gemm", lambda: setup, target=1.0), fixed_timer(times))
+    assert "auto 0.980" in bench.markdown([result], {}) and "⚠" not in bench.markdown([result], {})
 
 
 def test_interleaved_timing_alternates_variants_and_keeps_each_ones_best_round():

@@ -39,15 +39,6 @@ def forced(op: str, kernel: str, call: Callable[[], Any], *inputs: Any, **attrs:
     return run
 
 
-def alternatives(op: str, call: Callable[[], Any], *inputs: Any, **attrs: Any) -> dict[str, Callable[[], Any]]:
-    """Every supported kernel forced, plus "auto" (no policy): auto should be within 5 % of the best."""
-    from . import kernel_alternatives
-
-    found = kernel_alternatives(op, call, *inputs, **attrs)
-    found["auto"] = call
-    return found
-
-
 def close(a: Any, b: Any, tol: float) -> str | None:
     """A message when max|a - b| / max|b| exceeds tol (or NaN appears), else None."""
     a, b = a.float(), b.float()

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from . import Row, Setup
-from ._triton_rows import alternatives, close, forced, needs_cuda, randn
+from . import Row, Setup, kernel_alternatives
+from ._triton_rows import close, forced, needs_cuda, randn
 
 M, N = 8192, 8192
 A, B = 1.7, -0.3
@@ -21,7 +21,7 @@ def _sin_affine(compiled: bool) -> Setup:
     anchor = torch.compile(eager) if compiled else eager
     return Setup(
         ours=ours, anchor=anchor, bytes=2 * 4 * M * N, check=lambda: close(ours(), eager(), 1e-5),
-        alternatives=alternatives("sin_affine", call, x, A, B) if not compiled else {},
+        alternatives=kernel_alternatives("sin_affine", call, x, A, B) if not compiled else {},
     )  # fmt: skip
 
 
@@ -36,7 +36,7 @@ def _sum_rows() -> Setup:
     return Setup(
         ours=ours, anchor=lambda: torch.sum(x, -1), bytes=4 * (M * N + M),
         check=lambda: close(ours(), x.double().sum(-1), 1e-5),
-        alternatives=alternatives("sum", call, x, axis=-1),
+        alternatives=kernel_alternatives("sum", call, x, axis=-1),
     )  # fmt: skip
 
 

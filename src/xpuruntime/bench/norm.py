@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from . import Row, Setup
-from ._triton_rows import alternatives, close, forced, needs_cuda, randn
+from . import Row, Setup, kernel_alternatives
+from ._triton_rows import close, forced, needs_cuda, randn
 
 M, N = 8192, 4096
 
@@ -34,7 +34,7 @@ def _layer_norm_forward() -> Setup:
     return Setup(
         ours=ours, anchor=lambda: F.layer_norm(x, (N,), w, b), bytes=2 * (2 * M * N + 2 * N),
         check=lambda: close(ours(), F.layer_norm(x, (N,), w, b), 2e-2),
-        alternatives=alternatives("layer_norm", call, x, w, b, normalized_shape=N),
+        alternatives=kernel_alternatives("layer_norm", call, x, w, b, normalized_shape=N),
     )  # fmt: skip
 
 
@@ -77,7 +77,7 @@ def _rms_norm_forward() -> Setup:
     return Setup(
         ours=ours, anchor=lambda: F.rms_norm(x, (N,), w, 1e-6), bytes=2 * (2 * M * N + N),
         check=lambda: close(ours(), F.rms_norm(x, (N,), w, 1e-6), 2e-2),
-        alternatives=alternatives("rms_norm", call, x, w, normalized_shape=N, eps=1e-6),
+        alternatives=kernel_alternatives("rms_norm", call, x, w, normalized_shape=N, eps=1e-6),
     )  # fmt: skip
 
 

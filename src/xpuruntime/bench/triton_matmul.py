@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from . import Row, Setup
-from ._triton_rows import alternatives, close, forced, needs_cuda, randn
+from . import Row, Setup, kernel_alternatives
+from ._triton_rows import close, forced, needs_cuda, randn
 
 
 def _matmul(n: int) -> Setup:
@@ -17,7 +17,7 @@ def _matmul(n: int) -> Setup:
     return Setup(
         ours=ours, anchor=lambda: torch.matmul(a, b), flops=2 * n**3,
         check=lambda: close(ours(), torch.matmul(a, b), 1e-2),
-        alternatives=alternatives("matmul", call, a, b),
+        alternatives=kernel_alternatives("matmul", call, a, b),
         note="first call tunes BM/BN/BK/warps/stages (winner kept in the tuning cache)",
     )  # fmt: skip
 
@@ -39,7 +39,7 @@ def _gemv(column: bool) -> Setup:
     return Setup(
         ours=ours, anchor=lambda: dst.copy_(w), bytes=2 * (G * G + 2 * G), anchor_bytes=2 * 2 * G * G,
         check=lambda: close(ours(), reference(), 1e-2),
-        alternatives=alternatives("matmul", call, *((w, v) if column else (v, w))),
+        alternatives=kernel_alternatives("matmul", call, *((w, v) if column else (v, w))),
         note="anchor: device-to-device copy of the matrix (bytes read + written)",
     )  # fmt: skip
 

@@ -1,0 +1,70 @@
+"""How autotune times a candidate on a GPU: from a flushed L2 cache, with the host latency of queueing the
+launch kept out (the device sleeps until the launch is queued). Both matter: a warm cache made flash_v2's
+attention forward win where cuDNN's is faster from memory, and host latency is not kernel time."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from xpuruntime import autotune  # noqa: E402
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+
+def _median(samples: list[float]) -> float:
+    return sorted(samples)[len(samples) // 2]
+
+
+def test_samples_leave_the_host_latency_of_a_launch_out() -> None:
+    x = torch.randn(1024, device="cuda")
+
+    def slow_to_queue() -> None:
+        time.sleep(300e-6)  # 300 µs of host work before a ~3 µs kernel
+        x.add_(1.0)
+
+    measure = autotune._cuda_sampler("cuda:0", torch.cuda.current_stream())
+    hidden = _median([measure(slow_to_queue) for _ in range(11)])
+    assert hidden < 100.0, f"{hidden:.1f} µs: the host's 300 µs leaked into the kernel time"
+
+
+def test_without_the_device_sleep_the_host_latency_would_count(monkeypatch) -> None:
+    """The control for the test above: it fails when the sleep is missing."""
+    monkeypatch.setattr(torch.cuda, "_sleep", None)
+    x = torch.randn(1024, device="cuda")
+
+    def slow_to_queue() -> None:
+        time.sleep(300e-6)
+        x.add_(1.0)
+
+    measure = autotune._cuda_sampler("cuda:0", torch.cuda.current_stream())
+    assert _median([measure(slow_to_queue) for _ in range(11)]) > 200.0
+
+
+def test_samples_start_from_a_cold_l2_cache() -> None:
+    """A 24 MB read fits the L2 of an H100 (50 MB): warm back-to-back launches read it from L2, the
+    tuner's samples from memory."""
+    x = torch.randn(6 << 20, device="cuda")
+    out = torch.empty((), device="cuda")
+    read = lambda: torch.sum(x, dim=0, out=out)  # noqa: E731
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    if x.nbytes > l2 // 2:
+        pytest.skip(f"L2 of {l2 >> 20} MB too small to hold the buffer warm")
+    measure = autotune._cuda_sampler("cuda:0", torch.cuda.current_stream())
+    cold = _median([measure(read) for _ in range(21)])
+    warm = []
+    for _ in range(21):
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        read()
+        begin.record()
+        read()
+        end.record()
+        end.synchronize()
+        warm.append(begin.elapsed_time(end) * 1000.0)
+    assert cold > 1.2 * _median(warm), f"cold {cold:.1f} µs vs warm {_median(warm):.1f} µs"
