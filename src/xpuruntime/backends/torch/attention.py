@@ -2,25 +2,22 @@
 
 Each kernel calls F.scaled_dot_product_attention with only its backend enabled
 (torch.nn.attention.sdpa_kernel), and declares the conditions PyTorch checks before that backend may run,
-so `explain` says why one cannot run instead of PyTorch raising "No available kernel". When the
-dispatcher allocated the output, the result's storage is adopted (Tensor.set_) rather than copied.
+so `explain` says why one cannot run instead of PyTorch raising "No available kernel". The kernels
+return SDPA's own output (`returns_output`): copied only into a caller's out= buffer.
 """
 
 from __future__ import annotations
 
 import math
 
+import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from ...abi import ArgPack, LaunchConfig
+from ...abi import ArgPack
 from ...context import DispatchContext
 from ...registry import kernel
-from .common import GPU_FLOAT_DTYPES, HALF_DTYPES
-
-
-def _launch_config(ctx: DispatchContext) -> LaunchConfig:
-    return LaunchConfig(params={"adopt": ctx.out is None})  # the dispatcher owns the output: adopt, no copy
+from .common import GPU_FLOAT_DTYPES, HALF_DTYPES, returned
 
 
 def _four_dims(ctx: DispatchContext) -> str | None:
@@ -86,52 +83,48 @@ def _scores_fit(ctx: DispatchContext) -> str | None:
     return f"materializes a {n}-element score matrix (> {MATH_MAX_SCORES})" if n > MATH_MAX_SCORES else None
 
 
-def _sdpa(args: ArgPack, backend: SDPBackend) -> None:
+def _sdpa(args: ArgPack, backend: SDPBackend) -> torch.Tensor:
     q, k, v, mask = args.inputs
     at = args.attrs
     with sdpa_kernel([backend]):
         result = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=at["is_causal"], scale=at["scale"])
-    out = args.out
-    if args.config.params.get("adopt") and result.shape == out.shape and result.dtype == out.dtype:
-        out.set_(result)
-    else:
-        out.copy_(result)
+    return returned(args, result)
 
 
 @kernel(
     "attention", "torch_flash", backend="torch", dtypes=HALF_DTYPES, priority=15, fused=True, tensor_cores=True,
     conditions=(_sm80, _four_dims, _last_dim_contiguous, _no_mask, _head_dim(256, 8), _nonempty),
-    launch_config=_launch_config,
+    returns_output=True,
 )  # fmt: skip
-def attention_torch_flash(args: ArgPack) -> None:
+def attention_torch_flash(args: ArgPack) -> torch.Tensor:
     """SDPA with only PyTorch's FlashAttention-2 backend."""
-    _sdpa(args, SDPBackend.FLASH_ATTENTION)
+    return _sdpa(args, SDPBackend.FLASH_ATTENTION)
 
 
 @kernel(
     "attention", "torch_efficient", backend="torch", dtypes=GPU_FLOAT_DTYPES - {"float64"}, priority=10, fused=True,
     tensor_cores=True, conditions=(_four_dims, _last_dim_contiguous, _head_dim(512, 8), _nonempty),
-    launch_config=_launch_config,
+    returns_output=True,
 )  # fmt: skip
-def attention_torch_efficient(args: ArgPack) -> None:
+def attention_torch_efficient(args: ArgPack) -> torch.Tensor:
     """SDPA with only PyTorch's memory-efficient (xFormers) backend; takes masks."""
-    _sdpa(args, SDPBackend.EFFICIENT_ATTENTION)
+    return _sdpa(args, SDPBackend.EFFICIENT_ATTENTION)
 
 
 @kernel(
     "attention", "torch_cudnn", backend="torch", dtypes=HALF_DTYPES, priority=25, fused=True, tensor_cores=True,
     conditions=(_sm80, _four_dims, _last_dim_contiguous, _no_mask, _head_dim(128, 8), _causal_square, _nonempty),
-    launch_config=_launch_config,
+    returns_output=True,
 )  # fmt: skip
-def attention_torch_cudnn(args: ArgPack) -> None:
+def attention_torch_cudnn(args: ArgPack) -> torch.Tensor:
     """SDPA with only the cuDNN backend (PyTorch's default on the H100)."""
-    _sdpa(args, SDPBackend.CUDNN_ATTENTION)
+    return _sdpa(args, SDPBackend.CUDNN_ATTENTION)
 
 
 @kernel(
     "attention", "torch_math", backend="torch", dtypes=GPU_FLOAT_DTYPES, priority=0, conditions=(_scores_fit,),
-    launch_config=_launch_config,
+    returns_output=True,
 )  # fmt: skip
-def attention_torch_math(args: ArgPack) -> None:
+def attention_torch_math(args: ArgPack) -> torch.Tensor:
     """SDPA's math backend: explicit softmax(q k^T) v in PyTorch ops; any shape, dtype and mask."""
-    _sdpa(args, SDPBackend.MATH)
+    return _sdpa(args, SDPBackend.MATH)

@@ -27,8 +27,8 @@ is PyTorch's default backend for GQA on the H100, 0.97 ms at the bench's GQA row
 Both decline L = S = 1 (cuDNN's frontend rejects s_q = s_kv = 1; PyTorch's flash failed there too).
 
 Copies (beyond what the aten ops do themselves):
-- forward, out: none when the dispatcher owns the output (the aten result's storage is adopted); one copy
-  into a caller's `out=` buffer (aten ops take no output buffers).
+- forward, out: none without out=: the forward kernels are `returns_output` and give the aten op's own
+  output; one copy into a caller's `out=` buffer (aten ops take no output buffers).
 - forward, lse: one copy of B*H*L floats from the backend's logsumexp into the op's `lse` buffer (an input
   the caller allocated, so it cannot be adopted); small next to the attention.
 - backward, lse: none (a view) unless a caller passes a strided lse.
@@ -57,11 +57,11 @@ import functools
 
 import torch
 
-from ...abi import ArgPack, LaunchConfig
+from ...abi import ArgPack
 from ...context import DispatchContext
 from ...registry import kernel
 from .attention import _causal_square, _head_dim, _last_dim_contiguous, _no_mask, _nonempty, _sm80
-from .common import HALF_DTYPES
+from .common import HALF_DTYPES, returned
 
 aten = torch.ops.aten
 
@@ -100,10 +100,6 @@ CUDNN_CONDITIONS = (
     _sm80, _rank, _last_dim_contiguous, _no_mask, _head_dim(128, 8), _causal_square, _nonempty,
     _not_single,
 )  # fmt: skip
-
-
-def _launch_config(ctx: DispatchContext) -> LaunchConfig:
-    return LaunchConfig(params={"adopt": ctx.out is None})  # the dispatcher owns the output: adopt, no copy
 
 
 # ----------------------------------------------------------------------------------------------- layouts
@@ -145,16 +141,10 @@ def _in_layout_of(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return torch.empty_strided(t.shape, strides, dtype=t.dtype, device=t.device).copy_(t)
 
 
-def _store(args: ArgPack, result: torch.Tensor) -> None:
-    out = args.out
-    if args.config.params.get("adopt") and result.shape == out.shape and result.dtype == out.dtype:
-        out.set_(result)
-    else:
-        out.copy_(result.reshape(out.shape))
-
-
+@functools.cache
 def _unused_rng(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """The philox seed and offset a backward takes; never read with dropout 0 (so left uninitialized)."""
+    """The philox seed and offset a backward takes; never read with dropout 0 (so left uninitialized, and
+    made once per device: two allocations less per call)."""
     return torch.empty((), dtype=torch.int64, device=device), torch.empty((), dtype=torch.int64, device=device)
 
 
@@ -176,14 +166,15 @@ def _pack_into(args: ArgPack, q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tens
     packed[a + b : a + b + c].view(v4.shape).copy_(grads[2])
 
 
-def _run_forward(args: ArgPack, forward) -> None:
-    """out and the op's lse from a backend's forward(q4, k4, v4, causal, scale) -> (out4, its logsumexp)."""
+def _run_forward(args: ArgPack, forward) -> torch.Tensor:
+    """The op's lse, and out (aten's own, or copied into args.out) from a backend's
+    forward(q4, k4, v4, causal, scale) -> (out4, its logsumexp)."""
     q, k, v, _, lse = args.inputs
     at = args.attrs
     q4 = _view4(q)
     out4, stats = forward(q4, _view4(k), _view4(v), at["is_causal"], at["scale"])
     lse.view(q4.shape[:3]).copy_(stats.reshape(q4.shape[:3]))
-    _store(args, out4.view(args.out.shape))
+    return returned(args, out4 if q.dim() == 4 else out4.view(*q.shape[:-1], out4.shape[-1]))
 
 
 def _run_backward(args: ArgPack, backward) -> tuple | None:
@@ -221,11 +212,11 @@ def flash_backward(do4, q4, k4, v4, o4, lse3, causal: bool, scale: float):
 
 @kernel(
     "attention_forward", "torch_flash", backend="torch", dtypes=HALF_DTYPES, priority=15, fused=True,
-    tensor_cores=True, conditions=FLASH_CONDITIONS, launch_config=_launch_config,
+    tensor_cores=True, conditions=FLASH_CONDITIONS, returns_output=True,
 )  # fmt: skip
-def attention_forward_torch_flash(args: ArgPack) -> None:
+def attention_forward_torch_flash(args: ArgPack) -> torch.Tensor:
     """PyTorch's FlashAttention-2 forward (aten._scaled_dot_product_flash_attention); GQA natively."""
-    _run_forward(args, flash_forward)
+    return _run_forward(args, flash_forward)
 
 
 @kernel(
@@ -271,11 +262,11 @@ def cudnn_backward(do4, q4, k4, v4, o4, lse3, causal: bool, scale: float):
 
 @kernel(
     "attention_forward", "torch_cudnn", backend="torch", dtypes=HALF_DTYPES, priority=25, fused=True,
-    tensor_cores=True, conditions=CUDNN_CONDITIONS, launch_config=_launch_config,
+    tensor_cores=True, conditions=CUDNN_CONDITIONS, returns_output=True,
 )  # fmt: skip
-def attention_forward_torch_cudnn(args: ArgPack) -> None:
+def attention_forward_torch_cudnn(args: ArgPack) -> torch.Tensor:
     """cuDNN's fused attention forward with its softmax stats (PyTorch's default SDPA backend on the H100)."""
-    _run_forward(args, cudnn_forward)
+    return _run_forward(args, cudnn_forward)
 
 
 @kernel(

@@ -8,15 +8,7 @@ import torch.nn.functional as F
 
 from ...abi import ArgPack
 from ...registry import kernel
-from .common import GPU_FLOAT_DTYPES
-
-
-def _returned(args: ArgPack, y: Any) -> Any:
-    """PyTorch's own output when the caller gave none, else a copy into the caller's (no out= form)."""
-    if args.out is None:
-        return y
-    args.out.copy_(y)
-    return args.out
+from .common import GPU_FLOAT_DTYPES, returned
 
 
 @kernel("layer_norm", "torch", backend="torch", dtypes=GPU_FLOAT_DTYPES, priority=20, returns_output=True)
@@ -24,7 +16,7 @@ def layer_norm_torch(args: ArgPack) -> Any:
     """F.layer_norm."""
     x, weight, bias = args.inputs
     at = args.attrs
-    return _returned(args, F.layer_norm(x, at["normalized_shape"], weight, bias, at["eps"]))
+    return returned(args, F.layer_norm(x, at["normalized_shape"], weight, bias, at["eps"]))
 
 
 @kernel("rms_norm", "torch", backend="torch", dtypes=GPU_FLOAT_DTYPES, priority=20, returns_output=True)
@@ -32,4 +24,4 @@ def rms_norm_torch(args: ArgPack) -> Any:
     """F.rms_norm."""
     x, weight = args.inputs
     at = args.attrs
-    return _returned(args, F.rms_norm(x, at["normalized_shape"], weight, at["eps"]))
+    return returned(args, F.rms_norm(x, at["normalized_shape"], weight, at["eps"]))
