@@ -17,6 +17,7 @@ slower than cuDNN's own.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import sys
 import time
@@ -175,17 +176,17 @@ def _host_sampler(backend: Any, device: str, stream: Any) -> Callable[[Callable[
     return measure
 
 
-def _cuda_sampler(device: str, stream: Any) -> Callable[[Callable[[], None]], float]:
-    """Microseconds of one launch by CUDA events on the launch stream, from a flushed L2 cache, with the
-    stream kept busy (torch.cuda._sleep) until the launch is queued so host latency stays out."""
+def _cuda_sampler(device: str, stream: Any, cold: bool = True) -> Callable[[Callable[[], None]], float]:
+    """Microseconds of one launch by CUDA events on the launch stream, from a flushed L2 cache (`cold`),
+    with the stream kept busy (torch.cuda._sleep) until the launch is queued so host latency stays out."""
     torch = sys.modules["torch"]
     dev = torch.device(device)
     on = stream if stream is not None else torch.cuda.current_stream(dev)
     l2_bytes = getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 0) or 64 << 20
-    try:
-        flush = torch.empty(2 * l2_bytes, dtype=torch.uint8, device=dev)  # twice L2: every line evicted
-    except torch.OutOfMemoryError:
-        flush = None  # a nearly full device: time from whatever the cache holds
+    flush = None  # without one (or on a nearly full device), time from whatever the cache holds
+    if cold:
+        with contextlib.suppress(torch.OutOfMemoryError):
+            flush = torch.empty(2 * l2_bytes, dtype=torch.uint8, device=dev)  # twice L2: every line evicted
     sleep = getattr(torch.cuda, "_sleep", None)
     cycles_per_us = 2000  # H100 clocks ~1.98 GHz; a longer sleep only costs tuning time
     host_us = 50.0
