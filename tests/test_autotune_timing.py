@@ -29,7 +29,7 @@ def test_samples_leave_the_host_latency_of_a_launch_out() -> None:
         time.sleep(300e-6)  # 300 µs of host work before a ~3 µs kernel
         x.add_(1.0)
 
-    measure = autotune._cuda_sampler("cuda:0", torch.cuda.current_stream())
+    measure = autotune.cuda_sampler("cuda:0", torch.cuda.current_stream())
     hidden = _median([measure(slow_to_queue) for _ in range(11)])
     assert hidden < 100.0, f"{hidden:.1f} µs: the host's 300 µs leaked into the kernel time"
 
@@ -43,7 +43,7 @@ def test_without_the_device_sleep_the_host_latency_would_count(monkeypatch) -> N
         time.sleep(300e-6)
         x.add_(1.0)
 
-    measure = autotune._cuda_sampler("cuda:0", torch.cuda.current_stream())
+    measure = autotune.cuda_sampler("cuda:0", torch.cuda.current_stream())
     assert _median([measure(slow_to_queue) for _ in range(11)]) > 200.0
 
 
@@ -57,8 +57,8 @@ def test_samples_start_from_a_cold_l2_cache() -> None:
     if x.nbytes > l2 // 2:
         pytest.skip(f"L2 of {l2 >> 20} MB too small to hold the buffer warm")
     stream = torch.cuda.current_stream()
-    cold = autotune._cuda_sampler("cuda:0", stream)
-    warm = autotune._cuda_sampler("cuda:0", stream, cold=False)
+    cold = autotune.cuda_sampler("cuda:0", stream)
+    warm = autotune.cuda_sampler("cuda:0", stream, cold=False)
     read()
     cold_us, warm_us = _median([cold(read) for _ in range(21)]), _median([warm(read) for _ in range(21)])
     assert cold_us > 1.25 * warm_us, f"cold {cold_us:.1f} µs vs warm {warm_us:.1f} µs"

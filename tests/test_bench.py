@@ -146,7 +146,7 @@ def test_markdown_says_by_how_much_a_target_is_missed():
 def test_cli_only_filter_and_list(row_package, tmp_path, monkeypatch, capsys):
     discover = bench.discover
     monkeypatch.setattr(bench, "discover", lambda: discover(row_package))
-    monkeypatch.setattr(bench, "default_timer", lambda: bench.host_timer(warmup=1, repeat=3))
+    monkeypatch.setattr(bench, "default_timer", lambda kind="device": bench.host_timer(warmup=1, repeat=3))
     assert bench.main(["--only", "matmul", "--out", str(tmp_path / "o")]) == 0
     doc = json.loads((tmp_path / "o" / "results.json").read_text())
     assert {r["name"] for r in doc["rows"]} == {"matmul small", "matmul large"}
@@ -156,7 +156,8 @@ def test_cli_only_filter_and_list(row_package, tmp_path, monkeypatch, capsys):
 
 
 @pytest.mark.gpu
-def test_gpu_timer_times_ours_and_the_anchor_on_the_device(tmp_path):
+@pytest.mark.parametrize("kind", ["device", "do_bench"])
+def test_gpu_timers_time_ours_and_the_anchor_on_the_device(tmp_path, kind):
     torch = pytest.importorskip("torch")
     n = 1 << 24
     x = torch.randn(n, device="cuda")
@@ -167,7 +168,7 @@ def test_gpu_timer_times_ours_and_the_anchor_on_the_device(tmp_path):
                      check=lambda: None if torch.allclose(torch.sin(x), out) else "sin differs")  # fmt: skip
 
     row = Row("sin 16M fp32", "elementwise", setup, target=0.5, units="TB/s")
-    result = bench.run([row], timer=bench.gpu_timer(warmup_ms=5, rep_ms=20), progress=False)[0]
+    result = bench.run([row], timer=bench.TIMERS[kind](warmup_ms=5, rep_ms=20), progress=False)[0]
     assert result.status == "ok", result.message
     assert 0.3 < result.ours_value < 6.0 and 0.5 < result.ratio < 2.0  # same kernel both ways: ratio near 1
     bench.write_reports([result], tmp_path)

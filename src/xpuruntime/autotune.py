@@ -151,7 +151,7 @@ def _time_one(
     plan.launch(args)  # warm-up: JIT compilation, caches
     backend.synchronize(plan.device, stream)
     if _is_cuda(plan.device):
-        measure = _cuda_sampler(plan.device, stream)
+        measure = cuda_sampler(plan.device, stream)
     else:
         measure = _host_sampler(backend, plan.device, stream)
     once = measure(lambda: plan.launch(args))
@@ -176,7 +176,7 @@ def _host_sampler(backend: Any, device: str, stream: Any) -> Callable[[Callable[
     return measure
 
 
-def _cuda_sampler(device: str, stream: Any, cold: bool = True) -> Callable[[Callable[[], None]], float]:
+def cuda_sampler(device: str, stream: Any, cold: bool = True) -> Callable[[Callable[[], None]], float]:
     """Microseconds of one launch by CUDA events on the launch stream, from a flushed L2 cache (`cold`),
     with the stream kept busy (torch.cuda._sleep) until the launch is queued so host latency stays out."""
     torch = sys.modules["torch"]

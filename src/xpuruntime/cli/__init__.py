@@ -211,11 +211,9 @@ def cmd_demo(args: argparse.Namespace, console: Console) -> int:
 
 def cmd_bench(args: argparse.Namespace, console: Console) -> int:
     """Our kernels beside their anchors (see xpuruntime.bench): JSON, markdown and a PNG of ratios."""
-    from pathlib import Path
-
     from ..bench import run_cli
 
-    return run_cli(args.only, Path(args.out), args.list)
+    return run_cli(args)
 
 
 # -- the parser ----------------------------------------------------------------------------------
@@ -254,9 +252,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(handler=cmd_demo)
 
     bench = commands.add_parser("bench", help="benchmark our kernels beside their anchors (GPU)")
-    bench.add_argument("--only", action="append", help="rows whose name or group contains this (repeatable)")
-    bench.add_argument("--out", default="bench-results", help="folder for results.json, results.md, ratios.png")
-    bench.add_argument("--list", action="store_true", help="list the rows and exit")
+    from ..bench import add_arguments as bench_arguments
+
+    bench_arguments(bench)
     bench.set_defaults(handler=cmd_bench)
 
     from .run import add_parser as add_run_parser  # the InferenceSession command lives in its own module
