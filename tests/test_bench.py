@@ -205,11 +205,12 @@ def test_kernel_alternatives_force_each_supported_kernel_and_report_auto_vs_best
 def test_interleaved_timing_alternates_variants_and_keeps_each_ones_best_round():
     from xpuruntime.bench import interleaved
 
-    order, samples = [], {"a": iter([3.0, 1.0, 2.0]), "b": iter([5.0, 6.0, 4.0])}
+    order, samples = [], {"a": iter([3.0, 1.0, 2.0]), "b": iter([5.0, 6.0, 4.0]), "c": iter([7.0, 7.0, 7.0])}
 
     def timer(fn):
         order.append(fn())
         return next(samples[order[-1]])
 
-    assert interleaved({"a": lambda: "a", "b": lambda: "b"}, timer, rounds=3) == {"a": 1.0, "b": 4.0}
-    assert order == ["a", "b"] * 3
+    variants = {name: (lambda name=name: name) for name in "abc"}
+    assert interleaved(variants, timer, rounds=3) == {"a": 1.0, "b": 4.0, "c": 7.0}
+    assert "".join(order) == "abc" + "bca" + "cab"  # each round rotated: no variant always last

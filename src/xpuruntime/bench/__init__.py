@@ -259,17 +259,21 @@ def kernel_alternatives(op: str, call: Callable[[], Any], *inputs: Any, **attrs:
 
 OURS, ANCHOR = "ours", "anchor"
 SELECTION_FLOORS = {"auto": 0.95, "autotune": 0.98}  # fastest kernel's time over the mode's: DESIGN §4
-ROUNDS = 3
+ROUNDS = 4
 
 
 def interleaved(variants: dict[Any, Callable[[], Any]], timer: Timer, rounds: int = ROUNDS) -> dict[Any, float]:
     """The best of `rounds` timings of each variant, the rounds interleaved so that drift (GPU clocks,
     host load) hits every variant alike: one pass over the variants showed 4 % spreads between calls
-    of the same kernel."""
+    of the same kernel. Each round starts further into the list (rotated by len / rounds), so no variant
+    always runs right after the same heavy neighbour or at the same point of a round (at S8192 attention the last variant of every round
+    measured the same cuDNN kernel 5 % slower)."""
     best = dict.fromkeys(variants, float("inf"))
-    for _ in range(rounds):
-        for key, fn in variants.items():
-            best[key] = min(best[key], float(timer(fn)))
+    order = list(variants)
+    for r in range(rounds):
+        shift = r * len(order) // rounds
+        for key in order[shift:] + order[:shift]:
+            best[key] = min(best[key], float(timer(variants[key])))
     return best
 
 
