@@ -266,8 +266,8 @@ def interleaved(variants: dict[Any, Callable[[], Any]], timer: Timer, rounds: in
     """The best of `rounds` timings of each variant, the rounds interleaved so that drift (GPU clocks,
     host load) hits every variant alike: one pass over the variants showed 4 % spreads between calls
     of the same kernel. Each round starts further into the list (rotated by len / rounds), so no variant
-    always runs right after the same heavy neighbour or at the same point of a round (at S8192 attention the last variant of every round
-    measured the same cuDNN kernel 5 % slower)."""
+    always runs right after the same heavy neighbour or at the same point of a round (at S8192 attention
+    the last variant of every round measured the same cuDNN kernel 5 % slower)."""
     best = dict.fromkeys(variants, float("inf"))
     order = list(variants)
     for r in range(rounds):
