@@ -41,14 +41,13 @@ Copies (beyond what the aten ops do themselves):
   like q for a [B, S, H, D] view). Only a caller's packed out= buffer [dq | dk | dv] gets them copied:
   one torch.cat when all three are contiguous, a copy each otherwise. That packing used to run on every
   call: at bf16 B4 H16 S2048 D128 it moved 3 x 32 MB each way, about 60 us.
-Measured on an H100 (PyTorch 2.11, B4 H16 S2048 fwd+bwd ms, interleaved rounds, session 7): this pair
-through the dispatcher against PyTorch's SDPA-cuDNN + autograd: bf16 D128 0.955 / 0.926, D128 causal
-0.619 / 0.616, D64 0.600 / 0.594, D64 causal 0.410 / 0.406; fp16 D128 0.993 / 0.934. Before the
-backwards returned their tuple, D128 was 0.99-1.06 against 0.93. The GPU kernels of the two paths are
-the same cuDNN kernels to 0.5 % (904 vs 909 us at D128, the 1.8 us lse copy the only extra one:
-`benchmarks/cudnn_pair_trace.py`), so the 3-6 % left at D128 non-causal is host latency between the
-forward's and the backward's launches in one timed call. The dispatcher's Python cost (about 0.3 ms enqueue per
-fwd+bwd) stays hidden behind the GPU at these sizes.
+Measured on an H100 (PyTorch 2.11, B4 H16 S2048 fwd+bwd): the GPU kernels of this pair and of PyTorch's
+SDPA-cuDNN with autograd are the same cuDNN kernels to 0.5 % (904 vs 909 us at D128; the 1.8 us lse copy
+the only extra one: `benchmarks/cudnn_pair_trace.py`). Timed per call from a cold L2 with the host
+latency before the first launch hidden (`xpuruntime bench`'s device timer, session 8), the pair under
+autotune is within 0.3-0.8 % of SDPA's time at every S2048 row. Under do_bench it read 3-8 % slower: that
+latency (about 0.2-0.3 ms of Python per fwd+bwd enqueue, as much as SDPA's autograd path) counts there
+whenever it outlasts the L2 flush (`benchmarks/attention_pair_host.py`).
 """
 
 from __future__ import annotations
