@@ -1,6 +1,7 @@
 """How autotune times a candidate on a GPU: from a flushed L2 cache, with the host latency of queueing the
-launch kept out (the device sleeps until the launch is queued). Both matter: a warm cache made flash_v2's
-attention forward win where cuDNN's is faster from memory, and host latency is not kernel time."""
+launch kept out of the device time (the device sleeps until the launch is queued), and a sample costing the
+larger of device time and host time. A warm cache made flash_v2's attention forward win where cuDNN's is
+faster from memory; host latency is not kernel time, unless the host is what sets the pace."""
 
 from __future__ import annotations
 
@@ -32,6 +33,22 @@ def test_samples_leave_the_host_latency_of_a_launch_out() -> None:
     measure = autotune.cuda_sampler("cuda:0", torch.cuda.current_stream())
     hidden = _median([measure(slow_to_queue) for _ in range(11)])
     assert hidden < 100.0, f"{hidden:.1f} µs: the host's 300 µs leaked into the kernel time"
+
+
+def test_host_bound_samples_cost_the_host_time_when_it_exceeds_the_kernel() -> None:
+    """What autotune uses: in a stream of such calls the host, not the GPU, sets the pace."""
+    x = torch.randn(1024, device="cuda")
+
+    def slow_to_queue() -> None:
+        time.sleep(300e-6)
+        x.add_(1.0)
+
+    measure = autotune.cuda_sampler("cuda:0", torch.cuda.current_stream(), host_bound=True)
+    assert _median([measure(slow_to_queue) for _ in range(11)]) >= 300.0
+    big = torch.randn(64 << 20, device="cuda")  # 256 MB: the kernel outlasts its ~10 µs launch
+    kernel_us = _median([measure(lambda: big.mul_(1.0)) for _ in range(11)])
+    plain = autotune.cuda_sampler("cuda:0", torch.cuda.current_stream())
+    assert kernel_us == pytest.approx(_median([plain(lambda: big.mul_(1.0)) for _ in range(11)]), rel=0.1)
 
 
 def test_without_the_device_sleep_the_host_latency_would_count(monkeypatch) -> None:
