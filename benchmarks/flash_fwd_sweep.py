@@ -28,11 +28,12 @@ def median_us(sample, fn, reps: int) -> float:
     return statistics.median(sample(fn) for _ in range(reps))
 
 
-def configs(causal: bool) -> list[fl.FwdConfig]:
+def configs(causal: bool, with_ws: bool) -> list[fl.FwdConfig]:
     found = []
     for (bm, bn, warps), stages, ws, tma in itertools.product(
-        [(128, 128, 8), (128, 64, 8), (64, 64, 4)], (2, 3, 4), (False, True), (False, True)
-    ):
+        [(128, 128, 8), (128, 64, 8), (64, 64, 4), (64, 128, 4), (64, 32, 4)], (2, 3, 4), (False, True) if with_ws else (False,),
+        (False, True),
+    ):  # fmt: skip
         if (causal and bm % bn) or (bn == 128 and stages == 4) or (bm == 64 and ws):
             continue
         found.append(fl.FwdConfig(bm, bn, warps, stages, ws, tma))
@@ -48,6 +49,7 @@ def main() -> None:
     p.add_argument("--causal", action="store_true")
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
     p.add_argument("--reps", type=int, default=30)
+    p.add_argument("--ws", action="store_true", help="also the warp-specialized variants")
     args = p.parse_args()
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     B, H, S, D, causal = args.B, args.H, args.S, args.D, args.causal
@@ -69,7 +71,7 @@ def main() -> None:
     with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
         expected = F.scaled_dot_product_attention(q, k, v, is_causal=causal).float()
     print(f"{'config':<34}{'µs':>9} {'TFLOP/s':>7} {'/flash':>7} {'regs':>5} {'spill':>5} {'cvt':>4} {'maxdiff':>8}")
-    for cfg in configs(causal):
+    for cfg in configs(causal, args.ws):
         try:
             kernel = fl.forward(q, k, v, out, lse, None, causal, scale, cfg)
             us = median_us(sample, lambda cfg=cfg: fl.forward(q, k, v, out, lse, None, causal, scale, cfg), args.reps)
