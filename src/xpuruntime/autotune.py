@@ -157,9 +157,14 @@ def _time_one(
         measure = cuda_sampler(plan.device, stream, host_bound=True)
     else:
         measure = _host_sampler(backend, plan.device, stream)
-    once = measure(lambda: plan.launch(args))
+    return median_us(measure, lambda: plan.launch(args))
+
+
+def median_us(measure: Callable[[Callable[[], None]], float], fn: Callable[[], None]) -> float:
+    """The median of as many `measure(fn)` samples as fit in TARGET_MS (at most MAX_REPS)."""
+    once = measure(fn)
     reps = max(1, min(MAX_REPS, int(TARGET_MS * 1000 / max(once, 1.0))))
-    samples = sorted(measure(lambda: plan.launch(args)) for _ in range(reps))
+    samples = sorted(measure(fn) for _ in range(reps))
     return samples[len(samples) // 2]
 
 

@@ -62,26 +62,17 @@ def _configs(ctx: DispatchContext) -> tuple[flash.FwdConfig, flash.BwdConfig]:
 _TUNED: dict[tuple, flash.FwdConfig] = {}
 
 
-def _time_ms(fn: object, reps: int = 10) -> float:
-    fn()  # compile / warm up
-    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    begin.record()
-    for _ in range(reps):
-        fn()
-    end.record()
-    end.synchronize()
-    return begin.elapsed_time(end) / reps
-
-
 def tuned_forward_config(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, causal: bool, scale: float,
     default: flash.FwdConfig,
 ) -> flash.FwdConfig:  # fmt: skip
-    """The fastest forward candidate for this shape bucket: timed once on first use, kept in the tuning cache."""
+    """The fastest forward candidate for this shape bucket, timed as autotune times kernels (cold L2, the
+    larger of device and host time) on first use and kept in the tuning cache."""
     D = q.shape[-1]
     candidates = flash.FWD_CANDIDATES.get((flash.block_d(D), causal))
     if INTERPRET or candidates is None or not q.is_cuda or default not in candidates:
         return default
+    from ...autotune import TIMING, cuda_sampler, median_us
     from ...runtime import tuning_cache
 
     B, H, L, _ = q.shape
@@ -93,18 +84,21 @@ def tuned_forward_config(
         return _TUNED[memo]
     source = flash._fwd_kernel.src + flash._fwd_tma_kernel.src
     key = tuning_cache.key("attention_flash_v2_fwd", dtypes=str(q.dtype), shape=(B * H, L, S), arch=cc,
-                           source=source, head_dim=D, causal=causal, group=group)  # fmt: skip
+                           source=source, head_dim=D, causal=causal, group=group, timing=TIMING)  # fmt: skip
     stored = tuning_cache.get(key)
     chosen = next((c for c in candidates if stored and str(c) == stored.get("config")), None)
     if chosen is None:
+        measure = cuda_sampler(str(q.device), torch.cuda.current_stream(q.device), host_bound=True)
         times = {}
         for c in candidates:
+            run = lambda c=c: flash.forward(q, k, v, out, None, None, causal, scale, c)  # noqa: E731
             try:
-                times[c] = _time_ms(lambda c=c: flash.forward(q, k, v, out, None, None, causal, scale, c))
+                run()  # compile
+                times[c] = median_us(measure, run)
             except Exception:  # a candidate that does not compile here (shared memory) just loses
                 continue
         chosen = min(times, key=times.__getitem__) if times else default
-        tuning_cache.put(key, {"config": str(chosen), "times_ms": {str(c): t for c, t in times.items()}})
+        tuning_cache.put(key, {"config": str(chosen), "times_us": {str(c): t for c, t in times.items()}})
     _TUNED[memo] = chosen
     return chosen
 
