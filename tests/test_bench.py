@@ -214,3 +214,25 @@ def test_interleaved_timing_alternates_variants_and_keeps_each_ones_best_round()
     variants = {name: (lambda name=name: name) for name in "abc"}
     assert interleaved(variants, timer, rounds=3) == {"a": 1.0, "b": 4.0, "c": 7.0}
     assert "".join(order) == "abc" + "bca" + "cab"  # each round rotated: no variant always last
+
+
+def test_interleaved_samples_alternate_call_by_call_so_drift_hits_every_variant_alike():
+    """A clock that slows down 1 % per call: blocks of samples per variant would make the last variant
+    of identical kernels look slower; call-by-call rotation keeps equal kernels equal."""
+    from xpuruntime.bench import interleaved_samples
+
+    calls = []
+    base = {"same_1": 100.0, "same_2": 100.0, "slower": 150.0}
+
+    def sample(fn):
+        calls.append(fn())
+        return base[calls[-1]] * (1 + 0.01 * len(calls))
+
+    variants = {name: (lambda name=name: name) for name in base}
+    got = interleaved_samples(variants, sample, budget_ms=2.0, min_reps=5, max_reps=50)
+    passes = calls[len(base) :]  # after the first sample of each
+    assert len(passes) == 16 * len(base)  # 2 ms over a mean first sample of ~118 µs: 16 reps (>= 5, <= 50)
+    assert passes[:6] == ["same_1", "same_2", "slower", "same_2", "slower", "same_1"]
+    assert got["same_1"] == pytest.approx(got["same_2"], rel=0.02)
+    assert got["slower"] / got["same_1"] == pytest.approx(1.5, rel=0.02)
+    assert set(got) == set(base) and all(v > 0 for v in got.values())

@@ -4,7 +4,8 @@ Each module in this package that exposes `ROWS` (a list of `Row`) contributes ro
 builds random inputs and returns a `Setup` with two callables, ours and the anchor (PyTorch, cuBLAS,
 a copy, ...), and the bytes / FLOPs one call moves / does. On a GPU the runner times each call by device
 events from a flushed L2 cache, the device kept busy until the call's first launch is queued (the
-autotuner's sampler; median after warm-up): GPU time, without the host latency before the first kernel.
+autotuner's sampler): GPU time, without the host latency before the first kernel; a row's variants are
+sampled call by call in rotating order and each reports its median.
 `--timer do_bench` uses `triton.testing.do_bench` instead, where that latency counts whenever it exceeds
 the L2 flush: on an H100 host it made the same cuDNN kernel 7 % slower when a row entered a policy scope
 first. Without a GPU, a host-clock median. Writes `results.json`, `results.md` and `ratios.png`.
@@ -138,13 +139,15 @@ def select(rows: Iterable[Row], only: Sequence[str] | None) -> list[Row]:
 # -- timing --------------------------------------------------------------------------------------
 def device_timer(warmup_ms: int = 25, rep_ms: int = 40) -> Timer:
     """Median milliseconds of one call by device events, each from a flushed L2 cache with the host latency
-    before its first launch hidden (`autotune.cuda_sampler`)."""
+    before its first launch hidden (`autotune.cuda_sampler`). Its `sample` attribute (one call, µs) lets
+    `interleaved` alternate variants call by call."""
     import torch
 
     from ..autotune import cuda_sampler
 
+    measure = cuda_sampler(f"cuda:{torch.cuda.current_device()}", None)
+
     def timer(fn: Callable[[], Any]) -> float:
-        measure = cuda_sampler(f"cuda:{torch.cuda.current_device()}", None)
         until = time.perf_counter() + warmup_ms / 1e3
         once = measure(fn)
         while time.perf_counter() < until:
@@ -152,6 +155,8 @@ def device_timer(warmup_ms: int = 25, rep_ms: int = 40) -> Timer:
         reps = max(5, min(1000, int(rep_ms * 1e3 / max(once, 1.0))))
         return statistics.median(measure(fn) for _ in range(reps)) / 1e3
 
+    timer.sample = measure  # type: ignore[attr-defined]
+    timer.budget_ms = ROUNDS * rep_ms  # type: ignore[attr-defined]
     return timer
 
 
@@ -266,8 +271,10 @@ def interleaved(variants: dict[Any, Callable[[], Any]], timer: Timer, rounds: in
     """The best of `rounds` timings of each variant, the rounds interleaved so that drift (GPU clocks,
     host load) hits every variant alike: one pass over the variants showed 4 % spreads between calls
     of the same kernel. Each round starts further into the list (rotated by len / rounds), so no variant
-    always runs right after the same heavy neighbour or at the same point of a round (at S8192 attention
-    the last variant of every round measured the same cuDNN kernel 5 % slower)."""
+    always runs right after the same heavy neighbour or at the same point of a round. A timer that can
+    take single samples alternates the variants call by call instead (`interleaved_samples`)."""
+    if getattr(timer, "sample", None) is not None:
+        return interleaved_samples(variants, timer.sample, timer.budget_ms)  # type: ignore[attr-defined]
     best = dict.fromkeys(variants, float("inf"))
     order = list(variants)
     for r in range(rounds):
@@ -275,6 +282,27 @@ def interleaved(variants: dict[Any, Callable[[], Any]], timer: Timer, rounds: in
         for key in order[shift:] + order[:shift]:
             best[key] = min(best[key], float(timer(variants[key])))
     return best
+
+
+def interleaved_samples(
+    variants: dict[Any, Callable[[], Any]], sample: Callable[[Callable[[], Any]], float], budget_ms: float,
+    min_reps: int = 15, max_reps: int = 400,
+) -> dict[Any, float]:  # fmt: skip
+    """Median milliseconds of each variant, sampled one call at a time, variant after variant in an order
+    rotated every pass, about `budget_ms` of calls per variant. At S8192 attention the H100 runs at its
+    700 W cap and its clock moved between 1.7 and 2.0 GHz: the same cuDNN kernel measured 3.24 to 3.81 ms
+    from one block of samples to the next, while neighbouring single calls see the same clock."""
+    order = list(variants)
+    for fn in variants.values():  # compile, tune, fill caches
+        fn()
+    first = [sample(variants[key]) for key in order]
+    reps = max(min_reps, min(max_reps, int(budget_ms * 1e3 / max(statistics.mean(first), 1.0))))
+    samples: dict[Any, list[float]] = {key: [] for key in order}
+    for r in range(reps):
+        shift = r % len(order)
+        for key in order[shift:] + order[:shift]:
+            samples[key].append(sample(variants[key]))
+    return {key: statistics.median(values) / 1e3 for key, values in samples.items()}
 
 
 def run_row(row: Row, timer: Timer) -> Result:
