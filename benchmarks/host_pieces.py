@@ -1,4 +1,4 @@
-"""Host µs of the pieces of a routed tiny CUDA matmul (aten::mm override), each timed alone, and a cProfile
+"""Host µs (launch queue never full) of the pieces of a routed tiny CUDA matmul (aten::mm override), each timed alone, and a cProfile
 of the routed call: where the override's cost over a bare Python override goes.
 
     PYTHONPATH=src python3 benchmarks/host_pieces.py
@@ -8,24 +8,13 @@ from __future__ import annotations
 
 import cProfile
 import pstats
-import time
 
 import torch
 
 import xpuruntime as xrt
 import xpuruntime.pytorch as xtorch
+from xpuruntime.bench.training import host_us
 from xpuruntime.pytorch import routing
-
-
-def per_call_us(fn, number: int = 20_000, repeat: int = 7) -> float:
-    best = float("inf")
-    for _ in range(repeat):
-        start = time.perf_counter()
-        for _ in range(number):
-            fn()
-        best = min(best, (time.perf_counter() - start) / number * 1e6)
-        torch.cuda.synchronize()
-    return best
 
 
 def main() -> None:
@@ -47,14 +36,16 @@ def main() -> None:
         pieces["wants('matmul') in a scope"] = lambda: routing.wants("matmul")
         pieces["routing.dispatch('matmul')"] = lambda: routing.dispatch("matmul", (a, b))
         for name, fn in pieces.items():
-            print(f"{name:<40}{per_call_us(fn):>8.2f} µs")
+            print(f"{name:<40}{host_us(fn):>8.2f} µs")
     xtorch.set_kernel_policy(matmul="torch")
-    print(f"{'torch.mm under the override':<40}{per_call_us(lambda: torch.mm(a, b)):>8.2f} µs")
+    print(f"{'torch.mm under the override':<40}{host_us(lambda: torch.mm(a, b)):>8.2f} µs")
     profiler = cProfile.Profile()
-    profiler.enable()
-    for _ in range(50_000):
-        torch.mm(a, b)
-    profiler.disable()
+    for _ in range(500):  # batches of 100 calls: the launch queue never fills
+        torch.cuda.synchronize()
+        profiler.enable()
+        for _ in range(100):
+            torch.mm(a, b)
+        profiler.disable()
     xtorch.clear_kernel_policy()
     pstats.Stats(profiler).sort_stats("tottime").print_stats(18)
 
