@@ -13,17 +13,12 @@ import numpy as np
 import torch
 
 from ...context import DispatchContext
+from ..torch.common import empty as cuda_empty
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"  # kernels run on CPU tensors through Triton's interpreter
 
 # Triton computes in fp32 for these (fp16/bf16 load, fp32 math, round once on store).
 FLOAT_DTYPES = frozenset({"float16", "bfloat16", "float32"})
-
-TORCH_DTYPES = {
-    "float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64,
-    "int8": torch.int8, "uint8": torch.uint8, "int16": torch.int16, "int32": torch.int32, "int64": torch.int64,
-    "bool": torch.bool,
-}  # fmt: skip
 
 MAX_GRID_Y = 65535  # CUDA's limit on grid dimensions 1 and 2
 
@@ -106,7 +101,7 @@ def numpy_or_torch_empty(shape: tuple[int, ...], dtype: str, device: str) -> Any
     """Outputs under the interpreter are NumPy arrays (the CPU front end expects them)."""
     if device.startswith("cpu"):
         return np.empty(shape, np.dtype(dtype))
-    return torch.empty(shape, dtype=TORCH_DTYPES[dtype], device=device)
+    return cuda_empty(shape, dtype, device)
 
 
 # -- launching --------------------------------------------------------------------------------------
