@@ -35,6 +35,27 @@ def test_samples_leave_the_host_latency_of_a_launch_out() -> None:
     assert hidden < 100.0, f"{hidden:.1f} µs: the host's 300 µs leaked into the kernel time"
 
 
+def test_alternating_callables_each_get_a_sleep_that_covers_their_own_host_time() -> None:
+    """The bench alternates variants call by call through one sampler: a quick-to-queue variant between two
+    samples of a slow one must not shrink the sleep the slow one needs."""
+    x = torch.randn(1024, device="cuda")
+
+    def quick() -> None:
+        x.add_(1.0)
+
+    def slow_to_queue() -> None:
+        time.sleep(300e-6)
+        x.add_(1.0)
+
+    measure = autotune.cuda_sampler("cuda:0", torch.cuda.current_stream())
+    samples = []
+    for _ in range(11):
+        for _ in range(15):  # one estimate shared by both would decay to ~60 µs here
+            measure(quick)
+        samples.append(measure(slow_to_queue))
+    assert _median(samples) < 100.0, f"{_median(samples):.1f} µs: the slow variant's host time leaked in"
+
+
 def test_host_bound_samples_cost_the_host_time_when_it_exceeds_the_kernel() -> None:
     """What autotune uses: in a stream of such calls the host, not the GPU, sets the pace."""
     x = torch.randn(1024, device="cuda")

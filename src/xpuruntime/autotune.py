@@ -23,6 +23,7 @@ import contextlib
 import dataclasses
 import sys
 import time
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -200,20 +201,23 @@ def cuda_sampler(
             flush = torch.empty(2 * l2_bytes, dtype=torch.uint8, device=dev)  # twice L2: every line evicted
     sleep = getattr(torch.cuda, "_sleep", None)
     cycles_per_us = 2000  # H100 clocks ~1.98 GHz; a longer sleep only costs tuning time
-    host_us = 50.0
+    # how long each callable takes to queue its launches, so the next sleep covers it: per callable, since
+    # callers alternate callables whose host times differ (one entering a policy scope takes 25+ µs more)
+    host_us: weakref.WeakKeyDictionary[Callable[[], None], float] = weakref.WeakKeyDictionary()
 
     def measure(fn: Callable[[], None]) -> float:
-        nonlocal host_us
         begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         if flush is not None:
             flush.zero_()  # `on` is the current stream: launches go there
+        before = host_us.get(fn, 50.0)
         if sleep is not None:
-            sleep(int((2 * host_us + 20) * cycles_per_us))
+            sleep(int((2 * before + 20) * cycles_per_us))
         begin.record(on)
         t0 = time.perf_counter()
         fn()
         queued_us = (time.perf_counter() - t0) * 1e6
-        host_us = max(host_us * 0.9, queued_us)  # how long a launch takes to queue: the next sleep covers it
+        with contextlib.suppress(TypeError):  # a callable without weak references keeps the default
+            host_us[fn] = max(before * 0.9, queued_us)
         end.record(on)
         end.synchronize()
         device_us = begin.elapsed_time(end) * 1000.0
