@@ -150,17 +150,19 @@ def test_conditions_say_why_a_backend_cannot_run(op) -> None:
 
 def test_aten_calls_match_this_pytorch() -> None:
     """The calls the kernels make, on meta tensors: argument order and the logsumexp layouts converted."""
+    from xpuruntime.backends.torch import attention as A
     from xpuruntime.backends.torch import attention_training as T
 
     def meta(*shape):
         return torch.empty(*shape, dtype=torch.bfloat16, device="meta")
 
     q, k, kg = meta(2, 4, 37, 64), meta(2, 4, 50, 64), meta(2, 2, 50, 64)
-    out, lse = T.flash_forward(q, k, k, False, 0.125)
+    out, lse = A.flash_forward(q, k, k, False, 0.125)
     assert out.shape == (2, 4, 37, 64) and lse.shape == (2, 4, 37) and lse.dtype == torch.float32
     assert [tuple(g.shape) for g in T.flash_backward(out, q, kg, kg, out, lse, True, 0.125)] == [
         (2, 4, 37, 64), (2, 2, 50, 64), (2, 2, 50, 64)]  # fmt: skip
-    out, stats = T.cudnn_forward(q, k, k, False, 0.125)
+    out, stats = A.cudnn_forward(q, k, k, False, 0.125)
+    assert A.cudnn_forward(q, k, k, True, None, lse=False)[0].shape == (2, 4, 37, 64)
     assert stats.numel() == 2 * 4 * 37 and stats.dim() == T._cudnn_stats_rank()
     assert [tuple(g.shape) for g in T.cudnn_backward(out, q, k, k, out, lse, False, 0.125)][1] == (2, 4, 50, 64)
     assert not hasattr(T, "efficient_backward")

@@ -59,7 +59,16 @@ import torch
 from ...abi import ArgPack
 from ...context import DispatchContext
 from ...registry import kernel
-from .attention import _causal_square, _head_dim, _last_dim_contiguous, _no_mask, _nonempty, _sm80
+from .attention import (
+    _causal_square,
+    _head_dim,
+    _last_dim_contiguous,
+    _no_mask,
+    _nonempty,
+    _sm80,
+    cudnn_forward,
+    flash_forward,
+)
 from .common import HALF_DTYPES, returned
 
 aten = torch.ops.aten
@@ -194,12 +203,6 @@ def _run_backward(args: ArgPack, backward) -> tuple | None:
 # ----------------------------------------------------------------------------------------------- flash
 
 
-def flash_forward(q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor, causal: bool, scale: float):
-    """(out [B, H, L, Dv], lse [B, H, L]) from FlashAttention-2 (k/v may have fewer heads: GQA)."""
-    result = aten._scaled_dot_product_flash_attention.default(q4, k4, v4, 0.0, causal, False, scale=scale)
-    return result[0], result[1]
-
-
 def flash_backward(do4, q4, k4, v4, o4, lse3, causal: bool, scale: float):
     seed, offset = _unused_rng(q4.device)
     do4, o4 = _unit_last(do4), _unit_last(o4)
@@ -241,13 +244,6 @@ def _cudnn_stats_rank() -> int:
         return 4
 
 
-def cudnn_forward(q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor, causal: bool, scale: float):
-    """(out [B, H, L, Dv] laid out like q, softmax stats) from cuDNN's fused attention."""
-    result = aten._scaled_dot_product_cudnn_attention.default(q4, k4, v4, None, True, 0.0, causal, False,
-                                                              scale=scale)  # fmt: skip
-    return result[0], result[1]
-
-
 def cudnn_backward(do4, q4, k4, v4, o4, lse3, causal: bool, scale: float):
     seed, offset = _unused_rng(q4.device)
     o4 = _in_layout_of(o4, q4)
@@ -277,9 +273,4 @@ def attention_backward_torch_cudnn(args: ArgPack) -> tuple | None:
     return _run_backward(args, cudnn_backward)
 
 
-__all__ = [
-    "cudnn_backward",
-    "cudnn_forward",
-    "flash_backward",
-    "flash_forward",
-]
+__all__ = ["cudnn_backward", "flash_backward"]
