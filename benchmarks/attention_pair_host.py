@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import cProfile
 import pstats
-import time
 
 import torch
 import torch.nn.functional as F
@@ -22,19 +21,7 @@ from triton.testing import do_bench
 
 import xpuruntime as xrt
 from xpuruntime.autotune import STORE
-
-
-def host_us(fn, calls: int = 20, rounds: int = 7) -> float:
-    """Best mean host time per call, the GPU drained before each round (enqueue cost only)."""
-    best = float("inf")
-    for _ in range(rounds):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        best = min(best, (time.perf_counter() - start) / calls * 1e6)
-    torch.cuda.synchronize()
-    return best
+from xpuruntime.bench.training import host_us
 
 
 def back_to_back_ms(fn, calls: int = 20, rounds: int = 7) -> float:
