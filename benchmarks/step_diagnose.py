@@ -4,12 +4,16 @@ by up to 1.5x between runs) affects every policy alike. Reports the median step 
 time to enqueue it (a step is host-bound when the two are close).
 
     python benchmarks/step_diagnose.py [--rounds 15] [POLICY ...]   (POLICY: none, autotune, or a=k,b=k)
+    python benchmarks/step_diagnose.py --profile [POLICY ...]   (per policy: where the host time goes,
+        plan-cache misses per step, and the GPU's kernel time per step)
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import importlib.util
+import pstats
 import statistics
 import time
 from pathlib import Path
@@ -36,6 +40,7 @@ def policy_for(name: str):
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=15)
+    p.add_argument("--profile", action="store_true", help="profile each policy's step instead of timing rounds")
     p.add_argument("policies", nargs="*", default=DEFAULT)
     args = p.parse_args()
     cfg = example.parse_args([])
@@ -60,6 +65,12 @@ def main() -> None:
     for policy in policies.values():  # tune and compile outside the timed rounds
         xtorch.set_kernel_policy(policy)
         step(), step()
+    if args.profile:
+        for name, policy in policies.items():
+            xtorch.set_kernel_policy(policy)
+            profile_step(name, step)
+        xtorch.clear_kernel_policy()
+        return
     samples: dict[str, list[tuple[float, float]]] = {name: [] for name in policies}
     for _ in range(args.rounds):
         for name, policy in policies.items():
@@ -74,6 +85,32 @@ def main() -> None:
         print(f"{name:<40}{host:>9.2f}{total:>9.2f}{base / total:>9.3f}x", flush=True)
     for family, why in xtorch.handed_back().items():
         print(f"autotune handed {family} back to PyTorch: {why}")
+
+
+def profile_step(name: str, step) -> None:
+    """Host profile of 5 steps, plan-cache misses per step, and the GPU's kernel time per step."""
+    import xpuruntime as xrt
+
+    before = xrt.plan_cache().stats()
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(5):
+        step()
+    profiler.disable()
+    after = xrt.plan_cache().stats()
+    print(
+        f"\n=== {name}: plan cache per step: {(after.hits - before.hits) / 5:.0f} hits, "
+        f"{(after.misses - before.misses) / 5:.1f} misses"
+    )
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
+    pstats.Stats(profiler).sort_stats("cumtime").print_stats(40)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(3):
+            step()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    total_us = sum(e.device_time for e in kernels) / 3
+    print(f"{name}: GPU kernel time per step {total_us / 1e3:.2f} ms, {len(kernels) / 3:.0f} kernels")
+    print(prof.key_averages().table(sort_by="device_time_total", row_limit=25))
 
 
 if __name__ == "__main__":

@@ -166,7 +166,8 @@ def layout_class(shape: tuple[int, ...], strides: tuple[int, ...]) -> str:
 
 class ArgPack:
     """Everything one launch receives: arrays, output (None for a returns_output kernel called without
-    out=), normalized attributes, config, workspace, and the stream to launch on (None on the CPU)."""
+    out=), normalized attributes, config, workspace, and the stream to launch on (None on the CPU, and
+    for backends whose kernels follow the framework's current stream themselves: `Backend.ambient_stream`)."""
 
     __slots__ = ("attrs", "config", "inputs", "out", "stream", "workspace")
 

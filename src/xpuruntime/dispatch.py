@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from .abi import ArgPack, SyncPolicy
@@ -43,7 +43,15 @@ class _Launching(threading.local):
 
 # > 0 while this thread runs or tunes kernels the dispatcher chose: a framework front end (the PyTorch
 # overrides) hands the framework calls those kernels make straight to the framework, never back here.
+# Launches count only while a front end listens (`track_launches`); plan misses (tuning) always count.
 LAUNCHING = _Launching()
+_tracking = False
+
+
+def track_launches(on: bool) -> None:
+    """Count launches in LAUNCHING.depth (a front end that intercepts framework calls turns this on)."""
+    global _tracking
+    _tracking = on
 
 
 def last_event() -> Any:
@@ -91,12 +99,8 @@ class Dispatcher:
         except (NotAnArray, TypeError):
             return self._run_converted(op, inputs, attrs, out, policy)
         hit = plan is not None
-        if plan is None:
-            LAUNCHING.depth += 1
-            try:
-                plan = self._plan_miss(op, inputs, attrs, out, policy, key)
-            finally:
-                LAUNCHING.depth -= 1
+        if plan is None:  # tuning launches kernels: nested framework calls go to the framework
+            plan = _tracked(self._plan_miss, op, inputs, attrs, out, policy, key)
         stream = None if plan.current_stream is None else plan.current_stream(plan.device)
         if out is not None:
             plan.schema.check_layout(inputs, out)
@@ -108,15 +112,13 @@ class Dispatcher:
             if plan.workspace_bytes
             else None
         )
-        LAUNCHING.depth += 1
+        args = ArgPack(inputs, out, plan.attrs, plan.config, workspace, stream)
         try:
-            returned = plan.launch(ArgPack(inputs, out, plan.attrs, plan.config, workspace, stream))
+            returned = _tracked(plan.launch, args) if _tracking else plan.launch(args)
             if plan.finish is not None:
                 plan.finish(stream)
         except Exception as exc:
             raise _launch_error(plan, exc) from exc
-        finally:
-            LAUNCHING.depth -= 1
         if out is None:  # a returns_output kernel called without out=: its return value is the result
             out = _returned_output(plan, returned)
         if start:
@@ -164,14 +166,17 @@ class Dispatcher:
     def make_plan(self, decision: Decision, policy: KernelPolicy) -> Plan:
         kernel, ctx = decision.kernel, decision.ctx
         backend = self.registry.backends[kernel.backend]
+        workspace_bytes = int(kernel.workspace_bytes(ctx))
+        finish = _finisher(backend, ctx.op, ctx.device, policy.sync)
+        stream_used = not backend.ambient_stream or workspace_bytes or finish is not None
         return Plan(
             decision,
             self.registry.op(ctx.op),
             kernel.launch_config(ctx),
-            int(kernel.workspace_bytes(ctx)),
+            workspace_bytes,
             backend.empty,
-            None if backend.current_stream is no_stream else backend.current_stream,
-            _finisher(backend, ctx.op, ctx.device, policy.sync),
+            None if backend.current_stream is no_stream or not stream_used else backend.current_stream,
+            finish,
         )
 
     def _warn_fallback(self, decision: Decision, key: Hashable) -> None:
@@ -206,6 +211,15 @@ class Dispatcher:
         from .explanation import explain_call
 
         return explain_call(self, op, inputs, policy, out, attrs)
+
+
+def _tracked(fn: Callable[..., Any], *args: Any) -> Any:
+    """fn(*args) counted in LAUNCHING.depth."""
+    LAUNCHING.depth += 1
+    try:
+        return fn(*args)
+    finally:
+        LAUNCHING.depth -= 1
 
 
 def _finisher(backend: Backend, op: str, device: str, sync: SyncPolicy) -> Any:

@@ -59,7 +59,10 @@ class Backend:
     `current_stream(device)` is the stream a launch uses (the caller's current one; None on the CPU);
     `synchronize(device, stream)` backs SyncPolicy.FULL_SYNC and `record_event(device, stream)`
     SyncPolicy.EVENT_RECORD (None: the backend cannot record events, so that policy is rejected).
-    An `explicit_only` backend's kernels are candidates only where the policy names them.
+    An `ambient_stream` backend's kernels and allocations follow the framework's current stream by
+    themselves (PyTorch ops, Triton launches): its launches skip the stream lookup (ArgPack.stream is
+    None) unless the plan lends a workspace or syncs. An `explicit_only` backend's kernels are
+    candidates only where the policy names them.
     """
 
     name: str
@@ -69,6 +72,7 @@ class Backend:
     current_stream: Callable[[str], Any] = no_stream
     synchronize: Callable[[str, Any], None] = _nothing_to_wait_for
     record_event: Callable[[str, Any], Any] | None = None
+    ambient_stream: bool = False
     explicit_only: bool = False
     doc: str = ""
 

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable
 
 import torch
 
+from ..dispatch import track_launches
 from ..errors import XpuRuntimeError
 from ..policy import KernelPolicy, process_policy
 from . import aten_attention, aten_matmul, aten_norm
@@ -110,7 +111,9 @@ def _rebuild(ops: frozenset[str], check: bool = True) -> None:
         _state.library._destroy()
         _state.library, _state.ops = None, frozenset()
     if not ops:
+        track_launches(False)
         return
+    track_launches(True)  # before any override exists: they must see which calls our kernels make
     functions: dict[tuple[str, str], Callable] = {}
     for op in sorted(ops):
         functions.update(_functions(op))

@@ -19,5 +19,6 @@ BACKEND = Backend(
     current_stream=current_stream,
     synchronize=synchronize,
     record_event=record_event,
+    ambient_stream=True,  # PyTorch ops run on its current stream
     doc="PyTorch's CUDA kernels (cuBLAS matmul/linear, layer_norm, rms_norm, softmax, sum)",
 )

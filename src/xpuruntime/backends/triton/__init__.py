@@ -55,6 +55,7 @@ BACKEND = Backend(
     current_stream=current_stream,
     synchronize=_synchronize,
     record_event=_record_event,
+    ambient_stream=True,  # `common.launch` asks Triton's driver for the current stream
     explicit_only=INTERPRET,
     doc="Triton kernels on CUDA tensors" + (" (interpreter: only where the policy names them)" if INTERPRET else ""),
 )
