@@ -6,6 +6,8 @@ time to enqueue it (a step is host-bound when the two are close).
     python benchmarks/step_diagnose.py [--rounds 15] [POLICY ...]   (POLICY: none, autotune, or a=k,b=k)
     python benchmarks/step_diagnose.py --profile [POLICY ...]   (per policy: where the host time goes,
         plan-cache misses per step, and the GPU's kernel time per step)
+    python benchmarks/step_diagnose.py --gpu-sleep 30 [POLICY ...]   (also time each step with 30 ms of GPU
+        sleep queued first: a host that waits for the GPU anywhere in the step shows it in its host time)
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--profile", action="store_true", help="profile each policy's step instead of timing rounds")
+    p.add_argument("--gpu-sleep", type=float, default=0.0, help="ms of GPU sleep queued before a second timed step")
     p.add_argument("policies", nargs="*", default=DEFAULT)
     args = p.parse_args()
     cfg = example.parse_args([])
@@ -49,8 +52,10 @@ def main() -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
     x, y = example.batch_for(0, cfg, 0, 1, "cuda")
 
-    def step() -> tuple[float, float]:
+    def step(sleep_ms: float = 0.0) -> tuple[float, float]:
         torch.cuda.synchronize()
+        if sleep_ms:
+            torch.cuda._sleep(int(sleep_ms * 1.98e6))  # cycles at the H100's ~1.98 GHz
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=False)
         with xtorch.autocast(dtype=torch.bfloat16):
@@ -72,12 +77,19 @@ def main() -> None:
         xtorch.clear_kernel_policy()
         return
     samples: dict[str, list[tuple[float, float]]] = {name: [] for name in policies}
+    asleep: dict[str, list[tuple[float, float]]] = {name: [] for name in policies}
     for _ in range(args.rounds):
         for name, policy in policies.items():
             xtorch.set_kernel_policy(policy)
             step()
             samples[name].append(step())
+            if args.gpu_sleep:
+                asleep[name].append(step(args.gpu_sleep))
     xtorch.clear_kernel_policy()
+    if args.gpu_sleep:
+        print(f"host ms per step with {args.gpu_sleep:g} ms of GPU sleep queued first (median):")
+        for name, rows in asleep.items():
+            print(f"  {name:<38}{statistics.median(h for h, _ in rows):>9.2f}")
     base = statistics.median(t for _, t in samples[args.policies[0]])
     print(f"{'policy':<40}{'host ms':>9}{'step ms':>9}{'vs first':>10}")
     for name, rows in samples.items():

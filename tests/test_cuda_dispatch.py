@@ -210,6 +210,35 @@ def test_event_record_gives_an_event_and_full_sync_waits():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("op,kernel_name", [("sin_affine", "triton"), ("matmul", "torch"), ("layer_norm", "triton"),
+                                            ("layer_norm_backward", "triton")])  # fmt: skip
+def test_ambient_stream_kernels_run_on_the_callers_side_stream(op, kernel_name):
+    """Triton and torch kernels get no stream in their ArgPack (they follow PyTorch's current stream):
+    on a side stream kept busy, their work queues behind the sleep there, and the result is right."""
+    registry = xrt.default_dispatcher().registry
+    if kernel_name not in registry.kernels.get(op, {}):
+        pytest.skip(f"no {op}/{kernel_name} kernel registered")
+    x = torch.randn(64, 96, device="cuda")
+    w, b = torch.randn(96, device="cuda"), torch.randn(96, device="cuda")
+    args = {"sin_affine": (x, 1.3, 0.2), "matmul": (x, x.t()), "layer_norm": (x, 96, w, b),
+            "layer_norm_backward": (torch.randn_like(x), x, 96, w)}[op]  # fmt: skip
+    with xrt.kernel_policy(**{op: kernel_name}, strict=True):
+        expected = getattr(xrt.ops, op)(*args)
+        torch.cuda.synchronize()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(100_000_000)
+            got = getattr(xrt.ops, op)(*args)
+            done = torch.cuda.Event()
+            done.record(side)
+        assert done.query() is False, "the side stream finished its sleep already"
+        assert torch.cuda.current_stream().query(), "work landed on the default stream"
+        side.synchronize()
+    torch.testing.assert_close(got, expected)
+
+
+@pytest.mark.gpu
 def test_registered_gpu_kernels_match_float64_references():
     """Every op with a CUDA kernel, called with CUDA tensors, against its float64 reference."""
     cases = {
