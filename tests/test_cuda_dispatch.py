@@ -181,6 +181,31 @@ def test_alignment_class_is_part_of_the_plan_key():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("op", ["sum", "softmax", "matmul", "layer_norm"])
+def test_row_major_tensors_share_a_plan_whatever_their_size_one_strides(op):
+    """The plan key says 'row-major' instead of the strides when PyTorch calls a tensor contiguous: a
+    size-1 dim's stride never addresses memory, so such tensors share one plan and all compute right."""
+    base = torch.randn(4096, device="cuda")
+    plain = base[:96].view(1, 96).clone()
+    odd = base.as_strided((1, 96), (7, 1), 2048)  # row-major by PyTorch's rule, stride 7 on the size-1 dim
+    odd.copy_(plain)
+    assert odd.is_contiguous() and odd.stride() != plain.stride()
+    w, b = torch.randn(96, device="cuda"), torch.randn(96, 33, device="cuda")
+    call = {
+        "sum": lambda x: xrt.ops.sum(x, -1),
+        "softmax": lambda x: xrt.ops.softmax(x, -1),
+        "matmul": lambda x: xrt.ops.matmul(x, b),
+        "layer_norm": lambda x: xrt.ops.layer_norm(x, 96, w, w),
+    }[op]
+    dispatcher = xrt.default_dispatcher()
+    expected = call(plain)
+    misses = dispatcher.plans.stats().misses
+    got = call(odd)
+    assert dispatcher.plans.stats().misses == misses, "a row-major tensor with another size-1 stride missed"
+    torch.testing.assert_close(got, expected)
+
+
+@pytest.mark.gpu
 def test_mixing_devices_is_a_device_mismatch():
     x = torch.randn(8, 8, device="cuda")
     with pytest.raises(DeviceMismatchError, match=r"matmul: argument 'b' expected device cuda:0.*got cpu"):

@@ -45,9 +45,11 @@ def is_torch_tensor(x: Any) -> bool:
 def signature(x: Any) -> Any:
     """A cheap hashable key for the parts of an argument that decide the kernel (hot path).
 
-    A CUDA tensor's key is (dtype, shape, strides, device index, 16-byte aligned?): kernels may require
-    aligned pointers, so alignment is part of the key (and conditions may look at `TensorSpec.ptr % 16`).
-    A CPU tensor raises NotAnArray: the slow path views it as a NumPy array first.
+    A CUDA tensor's key is (dtype, shape, layout, device index, 16-byte aligned?), the layout being True
+    for a row-major tensor (its shape then fixes every stride that addressing uses: a size-1 dim's stride
+    is never used) and the strides otherwise. Kernels may require aligned pointers, so alignment is part
+    of the key (and conditions may look at `TensorSpec.ptr % 16`). A CPU tensor raises NotAnArray: the
+    slow path views it as a NumPy array first.
     """
     kind = type(x)
     if kind is np.ndarray:
@@ -58,7 +60,7 @@ def signature(x: Any) -> Any:
         return None
     if kind is loaded_tensor_type or is_torch_tensor(x):  # the first test is the fast one for plain tensors
         if x.is_cuda:
-            return (x.dtype, x.shape, x.stride(), x.get_device(), not x.data_ptr() & 15)
+            return (x.dtype, x.shape, x.is_contiguous() or x.stride(), x.get_device(), not x.data_ptr() & 15)
         if x.device.type != "cpu":
             return (x.dtype, x.shape, x.stride(), str(x.device))
     raise NotAnArray
