@@ -47,12 +47,13 @@ def steps(op: str, call, inputs: tuple, attrs: tuple = ()) -> dict:
         "x.is_cuda": lambda: x.is_cuda,
         "x.dtype": lambda: x.dtype,
         "x.shape": lambda: x.shape,
+        "x.is_contiguous()": lambda: x.is_contiguous(),
         "x.stride()": lambda: x.stride(),
         "x.get_device()": lambda: x.get_device(),
         "x.data_ptr()": lambda: x.data_ptr(),
         "current_policy()": current_policy,
         "streams.current_stream": lambda: streams.current_stream("cuda:0"),
-    }, plan
+    }
 
 
 def main() -> int:
@@ -64,8 +65,7 @@ def main() -> int:
         ("matmul", lambda: xrt.ops.matmul(a, b), (a, b), ()),
         ("sin_affine", lambda: xrt.ops.sin_affine(x, 2.0, 0.5), (x, 2.0, 0.5), ()),
     ):
-        variants, _ = steps(op, call, inputs, attrs)
-        rows.update(per_call_us(variants, number=5_000, repeat=5, sync=torch.cuda.synchronize))
+        rows.update(per_call_us(steps(op, call, inputs, attrs), number=5_000, repeat=5, sync=torch.cuda.synchronize))
     profile = cProfile.Profile()
     profile.enable()
     for _ in range(20_000):

@@ -24,7 +24,8 @@ def ambient_registry(workspace_bytes: int = 0) -> tuple[object, dict]:
     registry = make_toy_registry()
     registry.register_backend(
         Backend("ambient", "cpu", empty=lambda shape, dtype, device, stream: np.empty(shape, dtype),
-                current_stream=current_stream, ambient_stream=True)
+                current_stream=current_stream, record_event=lambda device, stream: ("event on", stream),
+                ambient_stream=True)
     )  # fmt: skip
 
     @kernel("toy", "ambient_k", backend="ambient", workspace_bytes=lambda ctx: workspace_bytes)
@@ -52,16 +53,10 @@ def test_an_ambient_stream_backend_still_gets_its_stream_for_workspaces_and_sync
     registry, seen = ambient_registry(workspace_bytes=64 if why == "workspace" else 0)
     dispatcher = Dispatcher(registry)
     x = np.random.default_rng(1).standard_normal(7).astype(np.float32)
-    if why != "workspace":  # the toy backend records no events: event_record must be refused, not ignored
-        policy = xrt.KernelPolicy(sync=why)
-        if why == "event_record":
-            with pytest.raises(xrt.PolicyError, match="event_record"):
-                dispatcher.run("toy", (x,), policy=policy)
-            return
-        dispatcher.run("toy", (x,), policy=policy)
-    else:
-        dispatcher.run("toy", (x,))
+    dispatcher.run("toy", (x,), policy=xrt.KernelPolicy(sync="no_sync" if why == "workspace" else why))
     assert seen["lookups"] == 1 and seen["streams"] == ["the-stream"]
+    if why == "event_record":
+        assert xrt.last_event() == ("event on", "the-stream")
 
 
 def test_launches_are_counted_only_while_a_front_end_listens():
