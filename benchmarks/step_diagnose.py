@@ -8,15 +8,23 @@ time to enqueue it (a step is host-bound when the two are close).
         plan-cache misses per step, and the GPU's kernel time per step)
     python benchmarks/step_diagnose.py --gpu-sleep 30 [POLICY ...]   (also time each step with 30 ms of GPU
         sleep queued first: a host that waits for the GPU anywhere in the step shows it in its host time)
+    python benchmarks/step_diagnose.py --model "--d-model 2048 --heads 16" [POLICY ...]   (another model size,
+        in the example's own arguments)
+    python benchmarks/step_diagnose.py --gc [--gc-freeze] [POLICY ...]   (Python garbage collections per
+        step and the host ms they take; --gc-freeze moves everything made during set-up out of the collector's
+        reach first, as long-running training processes do)
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import gc
 import importlib.util
 import pstats
+import shlex
 import statistics
+import threading
 import time
 from pathlib import Path
 
@@ -44,9 +52,12 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--profile", action="store_true", help="profile each policy's step instead of timing rounds")
     p.add_argument("--gpu-sleep", type=float, default=0.0, help="ms of GPU sleep queued before a second timed step")
+    p.add_argument("--model", default="", help="the example's arguments for another model size")
+    p.add_argument("--gc", action="store_true", help="report garbage collections per step and their host time")
+    p.add_argument("--gc-freeze", action="store_true", help="gc.freeze() after set-up and warm-up")
     p.add_argument("policies", nargs="*", default=DEFAULT)
     args = p.parse_args()
-    cfg = example.parse_args([])
+    cfg = example.parse_args(shlex.split(args.model))
     torch.manual_seed(0)
     model = example.GPT(cfg.vocab, cfg.context, cfg.d_model, cfg.heads, cfg.layers).cuda()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
@@ -70,6 +81,10 @@ def main() -> None:
     for policy in policies.values():  # tune and compile outside the timed rounds
         xtorch.set_kernel_policy(policy)
         step(), step()
+    if args.gc_freeze:
+        gc.collect()
+        gc.freeze()
+    collections = GcTimer() if args.gc else None
     if args.profile:
         for name, policy in policies.items():
             xtorch.set_kernel_policy(policy)
@@ -82,7 +97,11 @@ def main() -> None:
         for name, policy in policies.items():
             xtorch.set_kernel_policy(policy)
             step()
+            if collections:
+                collections.start(name)
             samples[name].append(step())
+            if collections:
+                collections.stop()
             if args.gpu_sleep:
                 asleep[name].append(step(args.gpu_sleep))
     xtorch.clear_kernel_policy()
@@ -97,6 +116,43 @@ def main() -> None:
         print(f"{name:<40}{host:>9.2f}{total:>9.2f}{base / total:>9.3f}x", flush=True)
     for family, why in xtorch.handed_back().items():
         print(f"autotune handed {family} back to PyTorch: {why}")
+    if collections:
+        collections.report(args.rounds)
+
+
+class GcTimer:
+    """Counts the garbage collections (by generation) and their host time during the timed steps."""
+
+    def __init__(self) -> None:
+        self.policy: str | None = None
+        self.began = 0.0
+        self.counts: dict[str, list[int]] = {}
+        self.ms: dict[str, float] = {}
+        gc.callbacks.append(self._callback)
+
+    def start(self, policy: str) -> None:
+        self.policy = policy
+        self.counts.setdefault(policy, [0, 0, 0])
+        self.ms.setdefault(policy, 0.0)
+
+    def stop(self) -> None:
+        self.policy = None
+
+    def _callback(self, phase: str, info: dict) -> None:
+        if self.policy is None:
+            return
+        if phase == "start":
+            self.began = time.perf_counter()
+            return
+        self.counts[self.policy][info["generation"]] += 1
+        self.ms[self.policy] += (time.perf_counter() - self.began) * 1e3
+
+    def report(self, steps: int) -> None:
+        print(f"garbage collections per timed step (generations 0/1/2) and their host ms per step, {steps} steps:")
+        for policy, counts in self.counts.items():
+            per_step = "/".join(f"{c / steps:.2f}" for c in counts)
+            print(f"  {policy:<38}{per_step:>16}{self.ms[policy] / steps:>9.3f} ms")
+        print(f"Python threads: {[t.name for t in threading.enumerate()]}; tracked objects: {len(gc.get_objects())}")
 
 
 def profile_step(name: str, step) -> None:
