@@ -71,6 +71,14 @@ def _causal_square(ctx: DispatchContext) -> str | None:
     return None
 
 
+def _flash_causal_square(ctx: DispatchContext) -> str | None:
+    """FlashAttention-2 aligns the causal mask bottom-right when L != S; the op aligns it top-left."""
+    at = ctx.attrs
+    if at["is_causal"] and at["L"] != at["S"]:
+        return f"is_causal with L={at['L']} != S={at['S']} (FlashAttention-2 aligns causal masks bottom-right)"
+    return None
+
+
 def _nonempty(ctx: DispatchContext) -> str | None:
     return "an empty dimension (fused kernels reject 0-size inputs)" if 0 in ctx.tensor("q").shape else None
 
@@ -109,7 +117,7 @@ def _sdpa(args: ArgPack, backend: SDPBackend) -> torch.Tensor:
 
 @kernel(
     "attention", "torch_flash", backend="torch", dtypes=HALF_DTYPES, priority=15, fused=True, tensor_cores=True,
-    conditions=(_sm80, _four_dims, _last_dim_contiguous, _no_mask, _head_dim(256, 8), _nonempty),
+    conditions=(_sm80, _four_dims, _last_dim_contiguous, _no_mask, _head_dim(256, 8), _flash_causal_square, _nonempty),
     returns_output=True,
 )  # fmt: skip
 def attention_torch_flash(args: ArgPack) -> torch.Tensor:

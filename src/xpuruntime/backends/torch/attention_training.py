@@ -61,6 +61,7 @@ from ...context import DispatchContext
 from ...registry import kernel
 from .attention import (
     _causal_square,
+    _flash_causal_square,
     _head_dim,
     _last_dim_contiguous,
     _no_mask,
@@ -81,14 +82,6 @@ def _rank(ctx: DispatchContext) -> str | None:
     for name in ("q", "k", "v"):
         if ctx.tensor(name).ndim > 4:
             return f"'{name}' has {ctx.tensor(name).ndim} dims; at most 2 batch dims ([B, H, S, D])"
-    return None
-
-
-def _flash_causal_square(ctx: DispatchContext) -> str | None:
-    """FlashAttention-2 aligns the causal mask bottom-right when L != S; the op aligns it top-left."""
-    at = ctx.attrs
-    if at["is_causal"] and at["L"] != at["S"]:
-        return f"is_causal with L={at['L']} != S={at['S']} (FlashAttention-2 aligns causal masks bottom-right)"
     return None
 
 

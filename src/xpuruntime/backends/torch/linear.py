@@ -51,10 +51,11 @@ def _activation_backward(grad: torch.Tensor, preact: torch.Tensor, activation: s
 
 @kernel("linear_grad_input", "torch", backend="torch", dtypes=GPU_FLOAT_DTYPES, priority=20, tensor_cores=True)
 def linear_grad_input_torch(args: ArgPack) -> None:
-    """dy @ W (cuBLAS), then PyTorch's activation backward against preact."""
+    """dy @ W (cuBLAS), then PyTorch's activation backward against preact; a 1-D dy through a copy (PyTorch
+    resizes `out` of a vector @ matrix product instead of writing it)."""
     dy, weight, preact = args.inputs
     activation = args.attrs["activation"]
-    if activation is None:
+    if activation is None and dy.dim() > 1:
         torch.matmul(dy, weight, out=args.out)
     else:
         args.out.copy_(_activation_backward(torch.matmul(dy, weight), preact, activation))

@@ -61,8 +61,8 @@ def _matmul_kernel(
     k_start = split * k_per_split
     k_end = tl.minimum(K, k_start + k_per_split)
     rk = k_start + tl.arange(0, BK)
-    a_ptrs = a_ptr + batch * sab + rm[:, None] * sam + rk[None, :] * sak
-    b_ptrs = b_ptr + batch * sbb + rk[:, None] * sbk + rn[None, :] * sbn
+    a_ptrs = a_ptr + batch * sab + rm[:, None].to(tl.int64) * sam + rk[None, :].to(tl.int64) * sak
+    b_ptrs = b_ptr + batch * sbb + rk[:, None].to(tl.int64) * sbk + rn[None, :].to(tl.int64) * sbn
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     for k0 in range(k_start, k_end, BK):
         k_left = k_end - k0
@@ -76,7 +76,7 @@ def _matmul_kernel(
         b_ptrs += BK * sbk
     cm = pid_m * BM + tl.arange(0, BM)
     cn = pid_n * BN + tl.arange(0, BN)
-    c_ptrs = c_ptr + batch * scb + cm[:, None].to(tl.int64) * scm + cn[None, :] * scn
+    c_ptrs = c_ptr + batch * scb + cm[:, None].to(tl.int64) * scm + cn[None, :].to(tl.int64) * scn
     mask = (cm < M)[:, None] & (cn < N)[None, :]
     if ATOMIC:
         tl.atomic_add(c_ptrs, acc, mask=mask)
@@ -101,10 +101,10 @@ def _gemv_kernel(
         j = j0 + tl.arange(0, BLOCK_J)
         j_mask = j < j_end
         w = tl.load(w_rows + j[None, :].to(tl.int64) * swj, mask=i_mask[:, None] & j_mask[None, :], other=0.0)
-        v = tl.load(v_ptr + j * sv, mask=j_mask, other=0.0)
+        v = tl.load(v_ptr + j.to(tl.int64) * sv, mask=j_mask, other=0.0)
         acc += w.to(tl.float32) * v.to(tl.float32)[None, :]
     y = tl.sum(acc, axis=1)
-    tl.store(y_ptr + split * sys_ + i * sy, y.to(y_ptr.dtype.element_ty), mask=i_mask)
+    tl.store(y_ptr + split * sys_ + i.to(tl.int64) * sy, y.to(y_ptr.dtype.element_ty), mask=i_mask)
 
 
 # -- problem shape ----------------------------------------------------------------------------------

@@ -70,7 +70,7 @@ def _norm_fwd_kernel(
     pid = tl.program_id(0)
     if ONE_PASS:
         rows = (pid * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
-        cols = tl.arange(0, BLOCK_N)
+        cols = tl.arange(0, BLOCK_N).to(tl.int64)  # 64-bit offsets: cols * sxn may pass 2**31
         col_mask = cols < N
         mask = (rows < M)[:, None] & col_mask[None, :]
         x = tl.load(x_ptr + rows[:, None] * sxm + cols[None, :] * sxn, mask=mask, other=0.0).to(tl.float32)
@@ -109,7 +109,7 @@ def _norm_bwd_kernel(
 ):  # fmt: skip
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
-    cols = tl.arange(0, BLOCK_N)
+    cols = tl.arange(0, BLOCK_N).to(tl.int64)  # 64-bit offsets: cols * sxn may pass 2**31
     part = pid.to(tl.int64) * N
     db_part = dw_part + programs.to(tl.int64) * N  # partials: [dweight rows; dbias rows], one row per program
     if ONE_PASS:
@@ -317,7 +317,7 @@ def _backward(args: ArgPack, rms: bool) -> None:
         num_warps=p["num_warps"],
     )  # fmt: skip
     grads = packed[m:]
-    finish = {**p["finish"], "out": (grads.stride(0), grads.stride(1)), "out_offset": 0}
+    finish = tiles(Problem(grads.shape[0], programs, n, (programs * n, n, 1), grads.stride()), 0)  # out's strides
     launch_sum(partials, grads, finish)
     if not direct:
         out.copy_(packed.view(out.shape))

@@ -54,7 +54,7 @@ def _sum_kernel(
         mask = (r < r_end)[:, None] & i_mask[None, :]
         acc += tl.load(base + r[:, None].to(tl.int64) * sxr, mask=mask, other=0.0).to(tl.float32)
     total = tl.sum(acc, axis=0)
-    out = out_ptr + out_offset + o * soo + split * sos + i * soi
+    out = out_ptr + out_offset + o * soo + split * sos + i.to(tl.int64) * soi
     tl.store(out, total.to(out_ptr.dtype.element_ty), mask=i_mask)
 
 

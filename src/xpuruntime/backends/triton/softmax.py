@@ -34,12 +34,12 @@ def _softmax_kernel(
     r = tl.arange(0, BLOCK_R)
     if ONE_PASS:
         mask = (r < R)[:, None] & i_mask[None, :]
-        x = tl.load(x_base + r[:, None] * sxr, mask=mask, other=-float("inf")).to(tl.float32)
+        x = tl.load(x_base + r[:, None].to(tl.int64) * sxr, mask=mask, other=-float("inf")).to(tl.float32)
         m = tl.max(x, axis=0)
         m = tl.where(m == -float("inf"), 0.0, m)  # a row of -inf: 0/0 = NaN below, as PyTorch
         e = tl.exp(x - m[None, :])
         y = e / tl.sum(e, axis=0)[None, :]
-        tl.store(y_base + r[:, None] * syr, y.to(y_ptr.dtype.element_ty), mask=mask)
+        tl.store(y_base + r[:, None].to(tl.int64) * syr, y.to(y_ptr.dtype.element_ty), mask=mask)
     else:
         m = tl.full([BLOCK_I], -float("inf"), tl.float32)
         s = tl.zeros([BLOCK_I], tl.float32)
