@@ -27,7 +27,7 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .abi import ArgPack
+from .abi import ArgPack, TensorSpec
 from .selector import Candidate, Decision
 
 if TYPE_CHECKING:
@@ -72,16 +72,20 @@ LISTENERS: list[Callable[[str, str, dict[str, float], dict[str, str]], None]] = 
 
 
 def cache_key(decision: Decision, names: list[str]) -> str:
-    """The signature: op, per-argument dtype/shape/strides, attributes, device and arch, the candidates."""
+    """The signature: op, per-argument dtype/shape/strides (or scalar / absent), attributes, math mode,
+    device and arch, the candidates."""
     from .runtime import tuning_cache
 
     ctx = decision.ctx
     tensors = ctx.tensors
     attrs = {k: repr(ctx.attrs.get(k)) for k in ctx.attr_names}
+    # which argument each tensor is: an absent optional or a Python scalar elsewhere is another call
+    args = ["tensor" if isinstance(s, TensorSpec) else getattr(s, "__name__", None) for s in ctx.inputs]
     return tuning_cache.key(
         ctx.op, dtypes=[t.dtype for t in tensors], layout=[list(t.strides) for t in tensors], bucket=False,
         shape=[], shapes=[list(t.shape) for t in tensors], attrs=attrs, device=ctx.device.split(":")[0],
         arch=ctx.compute_capability or "cpu", candidates=sorted(names), selection=REASON, timing=TIMING,
+        args=args, math_mode=ctx.math_mode.value,
     )  # fmt: skip
 
 

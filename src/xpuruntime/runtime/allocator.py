@@ -97,6 +97,10 @@ class Arena:
         buffer = raw[offset : offset + size]
         return buffer, buffer.ctypes.data
 
+    def current_stream(self) -> Any:
+        """The stream that `stream=None` stands for now (host memory has none)."""
+        return None
+
     def record(self, stream: Any) -> Any:
         """An event on `stream` marking the work enqueued so far (None: nothing to wait for)."""
         return None
@@ -136,6 +140,9 @@ class TorchDeviceArena(Arena):
             buffer = raw[offset : offset + size]
             ptr = buffer.data_ptr()
         return buffer, ptr
+
+    def current_stream(self) -> Any:
+        return self._torch.cuda.current_stream(self._device)
 
     def record(self, stream: Any) -> Any:
         event = self._torch.cuda.Event()
@@ -186,9 +193,11 @@ class CachingAllocator:
 
     # -- allocation ------------------------------------------------------------------------------
     def allocate(self, nbytes: int, stream: Any = None) -> Block:
-        """A block of at least `nbytes` usable on `stream` now."""
+        """A block of at least `nbytes` usable on `stream` (default: the current stream) now."""
         if nbytes < 0:
             raise ValueError(f"allocate: nbytes must be >= 0, got {nbytes}")
+        if stream is None:  # binned under the stream it stands for now, not under None for every stream
+            stream = self.arena.current_stream()
         size = size_class(nbytes)
         with self._lock:
             self._allocations += 1
@@ -248,19 +257,28 @@ class CachingAllocator:
 
     def empty(self, shape: tuple[int, ...], dtype: Any, stream: Any = None) -> Any:
         """A typed array from the cache; its block is freed once the array and its views are gone."""
-        nbytes = math.prod(shape) * _itemsize(dtype)
-        block = self.allocate(nbytes, stream)
-        array = block.view(tuple(shape), dtype)
-        owner = _owner(array)
-        weakref.finalize(owner, self.free, block).atexit = False  # no device calls during interpreter exit
+        shape = tuple(shape)
+        if any(n < 0 for n in shape):
+            raise ValueError(f"empty: dimensions must be >= 0, got shape {shape}")
+        block = self.allocate(math.prod(shape) * _itemsize(dtype), stream)
+        try:
+            array = block.view(shape, dtype)
+        except BaseException:
+            self.free(block)  # a dtype the memory kind cannot hold must not leak the block
+            raise
+        weakref.finalize(_owner(array), self.free, block).atexit = False  # no device calls at interpreter exit
         return array
 
     def empty_cache(self) -> None:
-        """Synchronize the device, then drop every cached block (their memory goes back to the arena)."""
-        self.arena.synchronize()
+        """Drop every cached block once the device has synchronized (their memory goes back to the arena).
+
+        The bins are taken before the synchronize: a block freed meanwhile, whose work may have been
+        queued after it, stays cached instead of being dropped unsynchronized."""
         with self._lock:
-            self._bins.clear()
+            dropped, self._bins = self._bins, {}
             self._cached_bytes = 0
+        self.arena.synchronize()
+        dropped.clear()
         self.arena.release()
 
     def stats(self) -> AllocatorStats:
@@ -287,9 +305,13 @@ def _typed_view(data: Any, shape: tuple[int, ...], dtype: Any) -> Any:
     if isinstance(data, np.ndarray):
         return _Lease(data, shape, np.dtype(dtype)).array()
     import torch
+    from torch.utils import dlpack
 
+    # a storage of its own over the block (DLPack, no copy): it lives exactly as long as some tensor uses it,
+    # views, detach() and dtype views included, which the block's own `data` storage never tells
+    alias = dlpack.from_dlpack(dlpack.to_dlpack(data))
     out = torch.empty(0, dtype=dtype, device=data.device)
-    return out.set_(data.untyped_storage(), data.storage_offset() // dtype.itemsize, shape)
+    return out.set_(alias.untyped_storage(), alias.storage_offset() // dtype.itemsize, shape)
 
 
 class _Lease:
@@ -310,8 +332,8 @@ class _Lease:
 
 
 def _owner(array: Any) -> Any:
-    """The object whose death means no view of `array` is left."""
-    return array.base if isinstance(array, np.ndarray) else array
+    """The object whose death means no view of `array` is left (a tensor's storage, not the tensor)."""
+    return array.base if isinstance(array, np.ndarray) else array.untyped_storage()
 
 
 # -- process-wide allocators ---------------------------------------------------------------------

@@ -16,7 +16,8 @@ reader sees either the old entry or the new one, never half a file; a writer kil
 only a stray temporary file that readers ignore. Two processes tuning the same key at once both write
 a complete entry and the last rename wins, which is fine for a cache: no lock is needed. A file that
 does not parse, or whose recorded key or format differs from the one asked for (stale), is ignored with
-one warning per file and process, and the next `put` replaces it.
+one warning per file and process, and the next `put` replaces it. A folder that cannot be written is
+warned about once; the entries are then kept in memory only.
 """
 
 from __future__ import annotations
@@ -118,7 +119,6 @@ class TuningCache:
     def __init__(self, directory: str | os.PathLike | None = None) -> None:
         self.directory = Path(directory) if directory is not None else cache_dir() / "tuning"
         self._memory: dict[str, dict] = {}
-        self._warned: set[str] = set()
         self._lock = threading.Lock()
 
     def path(self, key: str | Mapping[str, Any]) -> Path:
@@ -147,10 +147,13 @@ class TuningCache:
             body = json.dumps({"format": FORMAT, "key": text, "value": dict(value)}, sort_keys=True)
         except (TypeError, ValueError) as exc:
             raise TypeError(f"tuning_cache.put: value must be a JSON-serializable mapping: {exc}") from None
-        path = self.path(text)
-        _atomic_write(path, body)
         with self._lock:
             self._memory[text] = json.loads(body)["value"]
+        try:
+            _atomic_write(self.path(text), body)
+        except OSError as exc:  # read-only or full disk: tuning must still work, from memory
+            what = f"tuning cache folder {self.directory} cannot be written ({exc}); keeping results in memory only"
+            _warn_once(str(self.directory), what, stacklevel=3)
 
     def get_or_tune(self, key: str | Mapping[str, Any], tune: Callable[[], Mapping[str, Any]]) -> dict:
         """The cached value, or `tune()`'s result stored and returned."""
@@ -191,11 +194,20 @@ class TuningCache:
         return entry["value"]
 
     def _warn(self, path: Path, what: str) -> None:
-        with self._lock:
-            if str(path) in self._warned:
-                return
-            self._warned.add(str(path))
-        warnings.warn(f"tuning cache file {path} {what}; ignoring it", TuningCacheWarning, stacklevel=4)
+        _warn_once(str(path), f"tuning cache file {path} {what}; ignoring it", stacklevel=5)
+
+
+_warned: set[str] = set()  # per process, not per TuningCache: default_cache() makes new ones
+_warned_lock = threading.Lock()
+
+
+def _warn_once(about: str, message: str, stacklevel: int) -> None:
+    """Warn about a file or folder once per process (`stacklevel` counts from here to the API's caller)."""
+    with _warned_lock:
+        if about in _warned:
+            return
+        _warned.add(about)
+    warnings.warn(message, TuningCacheWarning, stacklevel=stacklevel)
 
 
 def _safe_name(op: Any) -> str:

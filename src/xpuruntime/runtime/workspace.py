@@ -10,6 +10,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+MAX_VIEWS = 256  # cached views per thread (one per stream, device and size)
+
 
 class WorkspaceManager:
     def __init__(self) -> None:
@@ -27,6 +29,8 @@ class WorkspaceManager:
             views = self._local.views = {}
         entry = views.get((id(stream), device, nbytes))
         if entry is None:
+            if len(views) >= MAX_VIEWS:  # sizes vary with shapes: forget old views rather than keep every one
+                views.clear()
             entry = views[(id(stream), device, nbytes)] = (stream, self._slice(nbytes, device, empty, stream))
         return entry[1]
 
