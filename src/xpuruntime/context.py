@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from .abi import MathMode, TensorSpec
 from .arrays import SCALAR_TYPES, describe
-from .errors import ArgumentError, DeviceMismatchError, DTypeError, ShapeError, argument_error
+from .errors import ArgumentError, DeviceMismatchError, DTypeError, LayoutError, ShapeError, argument_error
 
 if TYPE_CHECKING:
     from .policy import KernelPolicy
@@ -82,12 +82,20 @@ def _describe_input(schema: OpSchema, name: str, value: Any) -> InputSpec:
         if name in schema.scalars:
             return type(value)
         raise argument_error(ArgumentError, schema.name, name, "an array", f"Python {type(value).__name__}")
-    return describe(value)
+    return _describe(schema.name, name, value)
+
+
+def _describe(op: str, name: str, value: Any) -> TensorSpec:
+    """`describe`, with a layout error that names the op and the argument."""
+    try:
+        return describe(value)
+    except LayoutError as exc:
+        raise LayoutError(f"{op}: argument '{name}': {exc}") from None
 
 
 def _describe_out(op: str, out: Any) -> TensorSpec:
     try:
-        return describe(out)
+        return _describe(op, "out", out)
     except TypeError:
         raise argument_error(ArgumentError, op, "out", "an array", type(out).__name__) from None
 

@@ -33,7 +33,8 @@ def explain_call(
         decision, error = dispatcher.selector.select(ctx, policy), None
         candidates = list(decision.candidates)
     except XpuRuntimeError as exc:  # the explanation shows why nothing could be chosen
-        decision, error, candidates = None, exc, dispatcher.selector.evaluate(ctx)
+        candidates = dispatcher.selector.evaluate(ctx, policy.preferences.get(op))  # as select() saw them
+        decision, error = None, exc
     return Explanation(ctx, policy, candidates, decision, error)
 
 

@@ -330,8 +330,9 @@ def environment_policy(reload: bool = False) -> KernelPolicy | None:
     if reload or not _environment_read:
         try:
             _environment = KernelPolicy.from_env()
-            if _environment is not None:  # kernel names are checked at dispatch; op names now
-                _check_names(_environment.preferences, None, kernels=False)
+            if _environment is not None:  # kernel names are checked at dispatch; op names now, tuned ones too
+                ops = {**_environment.preferences, **dict.fromkeys(_environment.autotune_ops, AUTOTUNE)}
+                _check_names(ops, None, kernels=False)
         except UnknownOpError as exc:
             _environment = type(exc)(f"{_environment.source}: {exc}")
         except XpuRuntimeError as exc:

@@ -134,4 +134,4 @@ def attention_backward(
     gradients are then views of it)."""
     packed = run("attention_backward", (grad_out, q, k, v, out, lse, attn_mask), (is_causal, scale, enable_gqa),
                  grads_out)  # fmt: skip
-    return unpack(packed, tuple(q.shape), tuple(k.shape), tuple(v.shape))
+    return unpack(packed, *(tuple(np.shape(t)) for t in (q, k, v)))  # np.shape: array-likes too

@@ -36,7 +36,7 @@ import numpy as np
 from ..abi import FLOAT_DTYPES, INT_DTYPES
 from ..context import DispatchContext
 from ..dispatch import run
-from ..errors import ArgumentError, DTypeError, argument_error
+from ..errors import ArgumentError, DTypeError, argument_error, clip
 from ..schema import OpSchema
 from .checks import broadcast, numel
 
@@ -116,14 +116,23 @@ def _check_ref(op: str, index: int, ref: Any, n_inputs: int) -> None:
     elif ok and ref[0] == "t":
         ok = type(ref[1]) is int and 0 <= ref[1] < index
     elif ok and ref[0] == "c":
-        ok = isinstance(ref[1], numbers.Real) and not isinstance(ref[1], bool)
+        ok = isinstance(ref[1], numbers.Real) and not isinstance(ref[1], bool) and _is_a_float(ref[1])
     else:
         ok = False
     if not ok:
         raise ArgumentError(
-            f"{op}: argument 'program' instruction {index}: bad ref {ref!r}; expected ('in', i < {n_inputs}), "
+            f"{op}: argument 'program' instruction {index}: bad ref {clip(ref)}; expected ('in', i < {n_inputs}), "
             f"('t', j < {index}) or ('c', float)"
         )
+
+
+def _is_a_float(value: numbers.Real) -> bool:
+    """Whether a constant converts to a float (an int beyond 1.8e308 does not: kernels would crash on it)."""
+    try:
+        float(value)
+    except OverflowError:
+        return False
+    return True
 
 
 def used_inputs(ctx: DispatchContext) -> list[str]:

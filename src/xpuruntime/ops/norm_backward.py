@@ -30,6 +30,7 @@ def _check_dy(ctx: DispatchContext) -> None:
 
 def _attrs(default_eps: float | None) -> Any:
     def normalize(ctx: DispatchContext) -> dict[str, Any]:
+        _infer_dtype(ctx)  # dtypes first: eps=None means the (floating) dtype's machine epsilon
         dims = _normalized_shape(ctx)
         if ctx.has_tensor("weight") and ctx.tensor("weight").shape != dims:
             raise argument_error(ShapeError, ctx.op, "weight", f"shape {dims} (normalized_shape)",
@@ -129,7 +130,7 @@ def layer_norm_backward(
     if type(normalized_shape) is list:
         normalized_shape = tuple(normalized_shape)
     packed = run("layer_norm_backward", (dy, x, weight), (normalized_shape, eps), out)
-    return unpack(packed, tuple(x.shape), normalized_shape)
+    return unpack(packed, tuple(np.shape(x)), normalized_shape)
 
 
 def rms_norm_backward(
@@ -140,4 +141,4 @@ def rms_norm_backward(
     if type(normalized_shape) is list:
         normalized_shape = tuple(normalized_shape)
     packed = run("rms_norm_backward", (dy, x, weight), (normalized_shape, eps), out)
-    return unpack(packed, tuple(x.shape), normalized_shape)
+    return unpack(packed, tuple(np.shape(x)), normalized_shape)

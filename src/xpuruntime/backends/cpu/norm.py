@@ -41,6 +41,11 @@ def _sum_of_squares(y: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
     return np.add.reduce(np.square(y), axis=axes, keepdims=True)
 
 
+def _aliases(out: np.ndarray, *params: np.ndarray | None) -> bool:
+    """Whether `out` shares memory with any of the (optional) parameter arrays."""
+    return any(p is not None and np.may_share_memory(out, p) for p in params)
+
+
 @kernel("layer_norm", "numpy", backend="cpu", dtypes=CPU_FLOAT_DTYPES, priority=10)
 def layer_norm_numpy(args: ArgPack) -> None:
     """Mean, then variance of the centered values (no E[x^2]-E[x]^2 cancellation), computed in `out`
@@ -54,7 +59,9 @@ def layer_norm_numpy(args: ArgPack) -> None:
     inv_n = cdt.type(1.0 / math.prod(x.shape[a] for a in axes))
     mean = _sum(x, axes, cdt)
     mean *= inv_n
-    direct = out.dtype == cdt and out.flags.c_contiguous  # the sums' order depends on the layout: keep one
+    # the sums' order depends on the layout: keep one; `out` may be weight's or bias's very view (in-place
+    # rule), which must stay unwritten until the affine step reads it
+    direct = out.dtype == cdt and out.flags.c_contiguous and not _aliases(out, weight, bias)
     y = out if direct else np.empty(out.shape, cdt)
     np.subtract(x, mean, out=y)
     rstd = _sum_of_squares(y, axes)
