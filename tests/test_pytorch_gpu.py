@@ -53,6 +53,18 @@ def test_linear_forward_and_backward_use_cublaslt():
         torch.testing.assert_close(g.float(), r.float(), rtol=3e-2, atol=3e-2)
 
 
+def test_a_scoped_policy_steers_the_backward_called_inside_it():
+    """Backward matrix products follow a scope (autograd's device threads would see only the process policy)."""
+    torch.manual_seed(0)
+    a = torch.randn(64, 96, device="cuda", requires_grad=True)
+    b = torch.randn(96, 80, device="cuda", requires_grad=True)
+    with xtorch.kernel_policy(matmul="torch"):
+        (a @ b).sum().backward()
+    assert len([r for r in xrt.get_dispatch_logs() if r.op_name == "matmul"]) == 3  # forward, da, db
+    torch.testing.assert_close(a.grad, torch.ones(64, 80, device="cuda") @ b.detach().T)
+    assert torch._C._is_multithreading_enabled()
+
+
 @pytest.mark.parametrize("batch", [(), (3,)], ids=["mm", "bmm"])
 def test_torch_matmul_kernel_takes_operands_that_require_grad(batch):
     """The override of aten::mm/bmm runs below autograd with grad mode still on: the torch kernel must

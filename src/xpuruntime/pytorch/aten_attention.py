@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from ..policy import current_policy
-from .autograd_common import any_requires_grad, plain
+from .autograd_common import any_requires_grad, grad_leaves, plain
 from .families import family_policy, fell_back, using, without
 from .routing import attrs_for, dispatch, has_op, memoized, wants
 
@@ -64,10 +64,11 @@ def _unpack(packed: torch.Tensor, q: Any, k: Any, v: Any) -> tuple:
 
 def _torch_grads(saved: tuple, dout: torch.Tensor, ctx: Any) -> tuple:
     q, k, v, mask = saved[:4]
+    create = torch.is_grad_enabled()  # create_graph: gradients differentiable in turn
     with torch.enable_grad():
-        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        leaves = grad_leaves(q, k, v)
         out = _torch_sdpa(*leaves, mask, 0.0, ctx.is_causal, ctx.scale, ctx.enable_gqa)
-        return torch.autograd.grad(out, leaves, dout)
+        return torch.autograd.grad(out, leaves, dout, create_graph=create)
 
 
 class AttentionFunction(torch.autograd.Function):
@@ -91,7 +92,8 @@ class AttentionFunction(torch.autograd.Function):
     def backward(ctx: Any, dout: torch.Tensor) -> tuple:
         q, k, v, mask, out, lse = saved = ctx.saved_tensors
         grads = None
-        if lse is not None and has_op("attention_backward"):
+        # under create_graph (grad mode on here) only PyTorch's backward gives differentiable gradients
+        if lse is not None and has_op("attention_backward") and not torch.is_grad_enabled():
             policy = ctx.policy
             if fell_back("attention_forward", (q, k, v, mask, lse), ctx.attrs, policy):
                 policy = without(policy, _BACKWARD_OPS, ctx.user_policy)  # its warning was given once already

@@ -13,7 +13,14 @@ from typing import Any, NamedTuple
 import torch
 
 from ..policy import current_policy
-from .autograd_common import GRAD_ALIASES, any_requires_grad, plain, unpack_norm_grads
+from .autograd_common import (
+    GRAD_ALIASES,
+    any_requires_grad,
+    grad_leaves,
+    native_layer_norm_stats,
+    plain,
+    unpack_norm_grads,
+)
 from .families import family_policy, fell_back, without
 from .routing import attrs_for, dispatch, has_op, input_names, inputs_for, memoized, wants
 
@@ -89,17 +96,21 @@ def _routed_grads(ctx: Any, dy: torch.Tensor) -> tuple | None:
 
 
 def _torch_grads(ctx: Any, dy: torch.Tensor) -> tuple:
-    """PyTorch's backward (it reaches no routed aten op, so no policy scope is needed)."""
+    """PyTorch's backward (it reaches no routed aten op, so no policy scope is needed); differentiable
+    itself under create_graph."""
     x, weight, bias = ctx.tensors
     if ctx.op == "layer_norm":
-        mean, rstd = _saved_stats(ctx, x)
+        mean, rstd = ctx.mean, ctx.rstd
+        if mean is None:
+            mean, rstd = native_layer_norm_stats(x, ctx.normalized_shape, weight, bias, ctx.eps)
         mask = [True, weight is not None, bias is not None]
         return tuple(_LN_BACKWARD(dy, x, list(ctx.normalized_shape), mean, rstd, weight, bias, mask))
+    create = torch.is_grad_enabled()
     with torch.enable_grad():
-        leaves = [None if t is None else t.detach().requires_grad_() for t in (x, weight)]
+        leaves = grad_leaves(x, weight)
         out = _RMS_NORM.decompose(leaves[0], list(ctx.normalized_shape), leaves[1], ctx.eps)
         present = [t for t in leaves if t is not None]
-        grads = iter(torch.autograd.grad(out, present, dy))
+        grads = iter(torch.autograd.grad(out, present, dy, create_graph=create))
         return next(grads), (next(grads) if weight is not None else None), None
 
 
@@ -124,7 +135,8 @@ class NormFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, dy: torch.Tensor) -> tuple:
         ctx.tensors = ctx.saved_tensors
-        grads = _routed_grads(ctx, dy)
+        # under create_graph (grad mode on here) only PyTorch's backward gives differentiable gradients
+        grads = None if torch.is_grad_enabled() else _routed_grads(ctx, dy)
         if grads is None:
             grads = _torch_grads(ctx, dy)
         ctx.tensors = ctx.mean = ctx.rstd = None

@@ -19,14 +19,29 @@ GRAD_ALIASES = {
 
 
 def plain(*tensors: Any) -> bool:
-    """Real tensors outside any tracing mode: FakeTensors and subclasses keep PyTorch's path."""
-    if torch._C._len_torch_dispatch_stack():
+    """Real tensors outside any tracing mode or torch.func transform: FakeTensors, subclasses and
+    functorch-wrapped tensors keep PyTorch's path."""
+    if torch._C._len_torch_dispatch_stack() or torch._C._functorch.peek_interpreter_stack() is not None:
         return False
     return all(t is None or type(t) in PLAIN_TENSORS for t in tensors)
 
 
 def any_requires_grad(*tensors: Any) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def grad_leaves(*tensors: Any) -> list:
+    """Tensors to differentiate a PyTorch recomputation by in a backward: detached copies, or under
+    create_graph (grad mode on in the backward) the inputs themselves, so the gradients stay differentiable."""
+    create = torch.is_grad_enabled()
+    return [None if t is None else t if create and t.requires_grad else t.detach().requires_grad_() for t in tensors]
+
+
+def native_layer_norm_stats(x: Any, normalized_shape: tuple, weight: Any, bias: Any, eps: float) -> tuple:
+    """(mean, rstd) as native_layer_norm makes them, whose dtype its backward requires (it depends on
+    the device and the dtypes: bfloat16 on CPU, float32 on CUDA, float64 for float64 inputs)."""
+    with torch.no_grad():
+        return tuple(torch.ops.aten.native_layer_norm.default(x, list(normalized_shape), weight, bias, eps)[1:])
 
 
 def unpack_norm_grads(result: Any, x: torch.Tensor, normalized_shape: tuple, params: int) -> list:

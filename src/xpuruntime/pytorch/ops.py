@@ -16,7 +16,7 @@ from torch import Tensor
 
 from ..errors import ArgumentError, argument_error
 from ..policy import current_policy
-from .autograd_common import GRAD_ALIASES, unpack_norm_grads
+from .autograd_common import GRAD_ALIASES, native_layer_norm_stats, unpack_norm_grads
 from .families import family_policy, using
 from .routing import attrs_for, dispatch, get_dispatcher, has_op, inputs_for
 
@@ -143,6 +143,9 @@ def fused_attention(
     dropout_p must be 0.0 (apply dropout outside the op)."""
     if dropout_p != 0.0:
         raise argument_error(ArgumentError, "fused_attention", "dropout_p", "0.0 (no dropout inside the op)", dropout_p)
+    if attn_mask is not None and attn_mask.requires_grad and torch.is_grad_enabled():  # its gradient would be lost
+        expected = "a mask that does not require grad (detach it, or use F.scaled_dot_product_attention)"
+        raise argument_error(ArgumentError, "fused_attention", "attn_mask", expected, "one that requires grad")
     out, _ = _fused_attention(query, key, value, attn_mask, bool(is_causal), None if scale is None else float(scale))
     return out
 
@@ -176,12 +179,9 @@ def _fused_layernorm_backward(
         grads = _routed_layernorm_grads(dy, input, dims, weight, bias, eps)
         if grads is not None:
             return grads
-    axes = tuple(range(input.dim() - len(dims), input.dim()))
-    var, mean = torch.var_mean(input.float(), dim=axes, keepdim=True, correction=0)
+    mean, rstd = native_layer_norm_stats(input, dims, weight, bias, eps)
     mask = [True, weight is not None, bias is not None]
-    dx, dw, db = torch.ops.aten.native_layer_norm_backward(
-        dy, input, list(dims), mean, torch.rsqrt(var + eps), weight, bias, mask
-    )
+    dx, dw, db = torch.ops.aten.native_layer_norm_backward(dy, input, list(dims), mean, rstd, weight, bias, mask)
     return dx, _or_empty(dw, input), _or_empty(db, input)
 
 
@@ -267,8 +267,12 @@ def _register_autocast(op: torch._ops.OpOverload, device_type: str) -> None:
     key = getattr(torch._C.DispatchKey, key_name)
 
     def cast(args: tuple) -> tuple:
+        """As PyTorch's autocast: floating tensors other than float64 take the autocast dtype."""
         dtype = torch.get_autocast_dtype(device_type)
-        return tuple(a.to(dtype) if isinstance(a, Tensor) and a.is_floating_point() else a for a in args)
+        return tuple(
+            a.to(dtype) if isinstance(a, Tensor) and a.is_floating_point() and a.dtype != torch.float64 else a
+            for a in args
+        )
 
     @op.py_impl(key)
     def autocast_py(*args):

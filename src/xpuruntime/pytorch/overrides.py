@@ -6,6 +6,10 @@ changes, the library is rebuilt with that set (an empty set means no library: Py
 Each override checks the policy of its own thread at call time, so a scoped policy in one thread never
 steers another thread's calls. Before installing, the current registrations are inspected: a kernel
 that another library registered for the same op and key raises `OverrideConflictError`.
+
+A scoped policy lives in this thread's context, which autograd's per-device worker threads do not see:
+so while a scope that routes something is active, this thread runs its own backward passes (autograd's
+multithreading is off for it), and the matrix products of a backward called inside the scope follow it.
 """
 
 from __future__ import annotations
@@ -83,15 +87,37 @@ def refresh_overrides() -> None:
 def scope_entered(policy: KernelPolicy) -> None:
     with _lock:
         _scoped[policy] += 1
-        refresh_overrides()
+        try:
+            refresh_overrides()
+        except BaseException:  # the block never runs, so its exit is never heard: forget the scope now
+            _forget_scope(policy)
+            raise
+    _backward_threads.saved.append(torch._C._is_multithreading_enabled())
+    if routed_ops(policy):
+        torch._C._set_multithreading_enabled(False)  # a backward here runs here, under this scope
 
 
 def scope_exited(policy: KernelPolicy) -> None:
+    torch._C._set_multithreading_enabled(_backward_threads.saved.pop())
+    _forget_scope(policy)
+
+
+def _forget_scope(policy: KernelPolicy) -> None:
     with _lock:
         _scoped[policy] -= 1
         if _scoped[policy] <= 0:
             del _scoped[policy]
         refresh_overrides()
+
+
+class _BackwardThreads(threading.local):
+    saved: list[bool]
+
+    def __init__(self) -> None:
+        self.saved = []  # autograd's multithreading flag as each active scope of this thread found it
+
+
+_backward_threads = _BackwardThreads()
 
 
 def route_devices(devices: Iterable[str]) -> None:
