@@ -168,7 +168,7 @@ def test_norm_backward_into_a_column_of_a_wider_buffer(rng, op: str) -> None:
     wide = poisoned((ref.shape[0], 7), "float32")
     with strict(**{op: "triton"}):
         getattr(xrt.ops, op)(dy, x, (1,), w, 1e-5, out=wide[:, 3:4])
-    assert_close(wide[:, 3:4], ref, "float32")
+    assert_close(wide[:, 3:4], ref, "float32", tol=1e-4)  # dx is 0 up to x - mean's rounding times rstd ~ 316
     others = f64(wide)[:, [0, 1, 2, 4, 5, 6]]
     assert np.isnan(others).all(), "wrote outside the out= view"
 
@@ -216,3 +216,17 @@ def test_torch_flash_declines_causal_with_l_not_s(op: str) -> None:
     assert any("bottom-right" in r for r in reasons), reasons
     square = dataclasses.replace(ctx, attrs={**ctx.attrs, "S": ctx.attrs["L"]})
     assert registry.kernel(op, "torch_flash").not_supported_reasons(square) == []
+
+
+@pytest.mark.skipif(not ON_GPU, reason="the TMA descriptors of flash_v2 exist on the GPU only")
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_flash_v2_keys_and_values_broadcast_over_the_batch(causal):
+    """k and v expanded over the batch (stride 0): the kernel computes them right or declines, never wrong."""
+    from xpuruntime.ops.attention import reference as attention_reference
+
+    rng = np.random.default_rng(5)
+    q = make(rng, (3, 4, 256, 64), "bfloat16")
+    k, v = (make(rng, (1, 4, 256, 64), "bfloat16").expand(3, -1, -1, -1) for _ in range(2))
+    with xrt.kernel_policy(attention="flash_v2", strict=True):
+        out = xrt.ops.attention(q, k, v, is_causal=causal)
+    assert_close(out, attention_reference(f64(q), f64(k), f64(v), is_causal=causal), "bfloat16")
