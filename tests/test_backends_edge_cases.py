@@ -230,3 +230,16 @@ def test_flash_v2_keys_and_values_broadcast_over_the_batch(causal):
     with xrt.kernel_policy(attention="flash_v2", strict=True):
         out = xrt.ops.attention(q, k, v, is_causal=causal)
     assert_close(out, attention_reference(f64(q), f64(k), f64(v), is_causal=causal), "bfloat16")
+
+
+@pytest.mark.parametrize(
+    "stored", [None, {}, {"config": "128x128"}, {"config": [999, 999, 64, 8, 3, 1]}, {"config": [1, 2, 3]}, "config"]
+)
+def test_triton_matmul_retunes_a_cached_winner_that_is_not_a_candidate(stored) -> None:
+    """A tuning-cache entry that is not one of the candidate configs (hand-edited, foreign) is a miss."""
+    from xpuruntime.backends.triton.matmul import _stored_winner, candidates
+
+    a, b = torch.empty((1, 256, 64), dtype=torch.float16), torch.empty((1, 64, 256), dtype=torch.float16)
+    assert _stored_winner(stored, a, b, splitk=False) is None
+    winner = (*candidates(256, 256, 2)[0], 1)
+    assert _stored_winner({"config": list(winner)}, a, b, splitk=False) == winner

@@ -133,3 +133,25 @@ def test_environment_policy_checks_the_op_names_of_autotune_entries_too(monkeypa
     x = np.random.default_rng().standard_normal((3, 4))
     with pytest.raises(UnknownOpError, match=r"\$XPURUNTIME_POLICY: unknown op .*Did you mean 'attention'"):
         xrt.ops.sum(x)
+
+
+def test_a_fallback_warning_points_at_a_sibling_package_calling_us(tmp_path):
+    """Frames of a package whose path merely starts like ours (xpuruntime_plugins/) are the caller's."""
+    import os
+    import warnings
+
+    from xpuruntime import dispatch
+    from xpuruntime.errors import KernelFallbackWarning
+
+    registry = make_toy_registry(
+        {"name": "any", "priority": 1},
+        {"name": "f64", "conditions": (lambda ctx: None if ctx.dtype == "float64" else "needs float64",)},
+    )
+    sibling = dispatch._PACKAGE_DIR + "_plugins" + os.sep + "caller.py"
+    namespace: dict = {}
+    exec(compile("def call(run, x):\n    return run('toy', (x,))\n", sibling, "exec"), namespace)
+    with xrt.kernel_policy(KernelPolicy(toy="f64", validate=False)), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        namespace["call"](Dispatcher(registry).run, np.random.default_rng().standard_normal(3).astype(np.float32))
+    (warning,) = [w for w in caught if issubclass(w.category, KernelFallbackWarning)]
+    assert warning.filename == sibling

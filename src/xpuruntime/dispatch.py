@@ -63,7 +63,7 @@ def last_event() -> Any:
 def _stacklevel_outside_package() -> int:
     """The `warnings.warn` stacklevel of the first caller outside xpuruntime (the user's line)."""
     frame, level = sys._getframe(2), 2  # 1 = our caller (which calls warnings.warn)
-    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR + os.sep):
         frame, level = frame.f_back, level + 1
     return level
 

@@ -199,14 +199,20 @@ def _tuned(p: dict, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, splitk: b
         from ...runtime import tuning_cache
 
         disk_key = _disk_key(p, a, b, splitk)
-        stored = tuning_cache.get(disk_key)
-        if stored is not None:
-            found = tuple(stored["config"])
-        else:
+        found = _stored_winner(tuning_cache.get(disk_key), a, b, splitk)
+        if found is None:
             found = _search(p, a, b, c, splitk)
             tuning_cache.put(disk_key, {"config": list(found)})
         _WINNERS[mem_key] = found
     return found
+
+
+def _stored_winner(stored: dict | None, a: torch.Tensor, b: torch.Tensor, splitk: bool) -> tuple | None:
+    """A cached winner that is one of today's candidates (a hand-edited or foreign entry is re-tuned)."""
+    config = tuple(stored.get("config") or ()) if isinstance(stored, dict) else ()
+    if len(config) != 6 or config[:5] not in candidates(a.shape[1], b.shape[2], a.element_size()):
+        return None
+    return config if config[5] == 1 or (splitk and config[5] in _splits(a, b, config[:5])) else None
 
 
 def _search(p: dict, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, splitk: bool) -> tuple:
