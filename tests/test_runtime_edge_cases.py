@@ -287,3 +287,18 @@ def test_workspace_views_do_not_pile_up_with_every_new_size():
     gc.collect()
     alive = sum(r() is not None for r in lent)
     assert alive <= 1000, f"{alive} workspace views kept alive after 5000 sizes"
+
+
+def test_stream_and_event_without_pytorch_fail_with_a_clear_error(monkeypatch):
+    """cuda.core has no current stream: waiting on 'the current one' or entering a stream must say so."""
+    from xpuruntime.errors import XpuRuntimeError
+    from xpuruntime.runtime import streams
+
+    class CoreEvent:  # a cuda.core event has no .wait of its own
+        pass
+
+    monkeypatch.setattr(streams, "_torch", lambda: None)
+    with pytest.raises(XpuRuntimeError, match=r"Event\.wait: .*stream="):
+        streams.Event(CoreEvent()).wait()
+    with pytest.raises(XpuRuntimeError, match="needs PyTorch"), streams.Stream(object()):
+        pass

@@ -13,6 +13,8 @@ import functools
 import sys
 from typing import Any
 
+from ..errors import XpuRuntimeError
+
 
 def _torch() -> Any:
     """PyTorch if importable with CUDA, else None (never imports it for CPU-only callers twice)."""
@@ -72,7 +74,9 @@ class Event:
         target = _raw(stream) if stream is not None else None
         if hasattr(self.raw, "wait"):  # torch
             self.raw.wait(target)
-        else:  # cuda.core
+        elif target is None:  # cuda.core has no notion of a current stream
+            raise XpuRuntimeError("Event.wait: without PyTorch, pass the stream that should wait (stream=...)")
+        else:
             target.wait(self.raw)
 
     def elapsed_ms(self, end: Event) -> float:
@@ -113,6 +117,10 @@ class Stream:
 
     def __enter__(self) -> Stream:
         torch = _torch()
+        if torch is None:
+            raise XpuRuntimeError(
+                "with Stream: making a stream current needs PyTorch with CUDA; pass it to kernels instead"
+            )
         self._context = torch.cuda.stream(self.raw)
         self._context.__enter__()
         return self
