@@ -173,6 +173,20 @@ def test_norm_backward_into_a_column_of_a_wider_buffer(rng, op: str) -> None:
     assert np.isnan(others).all(), "wrote outside the out= view"
 
 
+# -- fused programs whose constants differ only in a zero's sign ---------------------------------------
+
+
+@kernel_test
+def test_triton_fused_programs_differing_in_a_zero_constants_sign(rng) -> None:
+    """-0.0 == 0.0 as dict keys: x / -0.0 after x / 0.0 reused the first program's kernel (+inf, not -inf)."""
+    x = make(rng, (6,), "float32", shift=3.0)
+    for zero in (0.0, -0.0):
+        with strict(fused_elementwise="triton"):
+            got = xrt.ops.fused_elementwise((("div", ("in", 0), ("c", zero)),), x)
+        with np.errstate(divide="ignore"):
+            np.testing.assert_array_equal(f64(got), (f64(x) / zero).astype(np.float32))
+
+
 # -- torch backend (its launch functions run on CPU tensors) ------------------------------------------
 
 

@@ -110,12 +110,6 @@ def test_a_fused_constant_beyond_the_float_range_is_an_argument_error():
     assert len(str(info.value)) < 400  # the 401-digit constant is not echoed in full
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="-0.0 == 0.0: fused programs that differ only in a zero constant's sign share one plan-cache key "
-    "and one compiled kernel; telling them apart needs the plan key (attr_types) and the program caches of "
-    "the CPU and Triton backends to key a zero's sign",
-)
 def test_fused_programs_differing_in_a_zero_constants_sign_do_not_share_a_plan():
     x = np.random.default_rng().uniform(0.5, 2.0, 6).astype(np.float32)
     for zero in (0.0, -0.0):

@@ -73,7 +73,8 @@ def _parse_enum(cls: type[enum.Enum], value: Any, what: str) -> Any:
 class LaunchConfig:
     """Launch geometry: grid and block (CUDA sense), dynamic shared memory, tile parameters.
 
-    CPU kernels use `grid` for the number of independent tiles and `params` for tile sizes.
+    CPU kernels use `grid` for the number of independent tiles and `params` for tile sizes; params whose
+    name starts with "_" hold objects made once per plan (a compiled kernel) and are left out of logs.
     """
 
     grid: tuple[int, ...] = (1,)
@@ -85,8 +86,9 @@ class LaunchConfig:
         text = f"grid={self.grid} block={self.block}"
         if self.smem_bytes:
             text += f" smem={self.smem_bytes}B"
-        if self.params:
-            text += " " + " ".join(f"{k}={v}" for k, v in self.params.items())
+        shown = [f"{k}={v}" for k, v in self.params.items() if not k.startswith("_")]  # _name: a handle
+        if shown:
+            text += " " + " ".join(shown)
         return text
 
 

@@ -3,6 +3,7 @@ defaults, and the plan-cache key (built here and nowhere else)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable, Mapping
 from typing import Any
 
@@ -67,10 +68,24 @@ def freeze(value: Any) -> Any:
     return value
 
 
+_NEGATIVE_ZERO = "-0.0"  # stands for float in a key where the value is -0.0
+
+
 def attr_types(attrs: tuple) -> tuple:
     """Attribute types for the plan-cache key, element types too inside tuples: True == 1 == 1.0 as
-    dict keys, yet only one of them may be a valid value, and a cache hit skips validation."""
-    return tuple((tuple, *attr_types(a)) if type(a) is tuple else type(a) for a in attrs)
+    dict keys, yet only one of them may be a valid value, and a cache hit skips validation. A negative
+    zero gets a mark of its own: -0.0 == 0.0, yet 1 / x tells them apart."""
+    return tuple(
+        (tuple, *attr_types(a)) if type(a) is tuple
+        else _NEGATIVE_ZERO if type(a) is float and a == 0.0 and math.copysign(1.0, a) < 0.0
+        else type(a)
+        for a in attrs
+    )  # fmt: skip
+
+
+def strict_key(value: Any) -> Hashable:
+    """A dict key under which values that compare equal yet differ in type or a zero's sign stay apart."""
+    return value, attr_types((value,))
 
 
 def fill_inputs(schema: OpSchema, inputs: tuple) -> tuple:

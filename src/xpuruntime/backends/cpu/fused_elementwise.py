@@ -14,7 +14,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ...abi import ArgPack
+from ...abi import ArgPack, LaunchConfig
+from ...arguments import strict_key
 from ...context import DispatchContext
 from ...registry import kernel
 from .common import CPU_FLOAT_DTYPES
@@ -139,10 +140,15 @@ def _last_reads(program: tuple) -> dict[int, int]:
     return last
 
 
-@functools.lru_cache(maxsize=1024)
 def compile_program(program: tuple, out_dtype: str) -> tuple[Callable, int]:
-    """Generate `fused(inputs, out, regs)` for one program and output dtype; returns it and the number of
-    full-size registers (workspace slices) it needs."""
+    """Generate `fused(inputs, out, regs)` for one program and output dtype (cached); returns it and the
+    number of full-size registers (workspace slices) it needs."""
+    return _compile(strict_key(program), out_dtype)
+
+
+@functools.lru_cache(maxsize=1024)
+def _compile(key: tuple, out_dtype: str) -> tuple[Callable, int]:
+    program = key[0]
     cdt = np.dtype("float32" if out_dtype == "float16" else out_dtype)
     namespace: dict = {"np": np, "CDT": cdt, **{f"f_{k}": v for k, v in FUNCTIONS.items()}}
     namespace.update({f"h_{k}": fn for k, (fn, _) in HELPERS.items()})
@@ -237,14 +243,19 @@ def _run_in_chunks(fn: Callable, inputs: tuple, out: np.ndarray, regs: np.ndarra
     return True
 
 
+def _launch_config(ctx: DispatchContext) -> LaunchConfig:
+    """The program's generated function, made once per plan."""
+    return LaunchConfig(params={"_compiled": compile_program(ctx.attrs["program"], ctx.attrs["dtype"])})
+
+
 @kernel(
     "fused_elementwise", "numpy_codegen", backend="cpu", conditions=(_cpu_dtype,), priority=10, fused=True,
-    workspace_bytes=_workspace_bytes,
+    workspace_bytes=_workspace_bytes, launch_config=_launch_config,
 )  # fmt: skip
 def fused_elementwise_numpy(args: ArgPack) -> None:
-    """One generated NumPy function per program (cached), its temporaries in the workspace; large outputs
-    are done in row blocks that stay in cache."""
-    fn, registers = compile_program(args.attrs["program"], args.attrs["dtype"])
+    """One generated NumPy function per program (made with the plan), its temporaries in the workspace;
+    large outputs are done in row blocks that stay in cache."""
+    fn, registers = args.config.params["_compiled"]
     out = args.out
     cdt = np.float64 if out.dtype == np.float64 else np.float32
     if registers and args.workspace is not None:

@@ -17,6 +17,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from ...abi import ArgPack, LaunchConfig, TensorSpec
+from ...arguments import strict_key
 from ...context import DispatchContext
 from ...registry import kernel
 from .common import (
@@ -298,7 +299,7 @@ _GENERATED_LOCK = threading.Lock()
 
 def fused_kernel(program: tuple, n_inputs: int) -> Any:
     """The jitted kernel for a program, generated once per (program, input count) and cached."""
-    key = (program, n_inputs)
+    key = (strict_key(program), n_inputs)
     found = _GENERATED.get(key)
     if found is not None:
         return found
@@ -331,7 +332,9 @@ def _fused_dims(ctx: DispatchContext) -> str | None:
 
 
 def fused_launch_config(ctx: DispatchContext) -> LaunchConfig:
-    return broadcast_launch_config(ctx, _fused_names(ctx))
+    config = broadcast_launch_config(ctx, _fused_names(ctx))
+    config.params["_kernel"] = fused_kernel(ctx.attrs["program"], ctx.attrs["n_inputs"])  # once per plan
+    return config
 
 
 @kernel(
@@ -348,7 +351,7 @@ def fused_elementwise_triton(args: ArgPack) -> None:
     strides = [s for per_input in p["strides"][:count] for s in per_input]
     modes = {f"M{i}": m for i, m in enumerate(p["MODES"])}
     launch(
-        fused_kernel(args.attrs["program"], count), args.config.grid,
+        p["_kernel"], args.config.grid,
         *inputs, as_torch(args.out), p["n"], *p["dims"], *strides, *p["strides"][-1],
         Y_LINEAR=p["Y_LINEAR"], WIDE=p["WIDE"], BLOCK=p["BLOCK"], num_warps=p["num_warps"], **modes,
     )  # fmt: skip
