@@ -84,17 +84,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.tiny:
         args.layers, args.d_model, args.heads, args.context, args.batch, args.vocab = 2, 64, 4, 32, 2, 256
+    if args.steps < 1:
+        p.error(f"--steps must be at least 1, got {args.steps}")
+    if not 0 <= args.profile_steps <= args.steps:
+        p.error(f"--profile-steps must be between 0 and --steps ({args.steps}), got {args.profile_steps}")
+    try:
+        make_policy(args)
+    except xrt.XpuRuntimeError as exc:
+        p.error(str(exc))
     return args
 
 
 def make_policy(args: argparse.Namespace) -> xrt.KernelPolicy | None:
-    spec = dict(item.split("=", 1) for item in args.policy.split(",") if item)
+    spec = xrt.KernelPolicy.from_string(args.policy, "--policy").to_dict()  # op=kernel pairs and options
+    if args.strict:
+        spec["strict"] = True
     if args.autotune:
         for op in ("matmul", "attention", "layer_norm"):
             spec.setdefault(op, "autotune")
-    if not spec:
-        return None
-    return xrt.KernelPolicy(spec, strict=args.strict)
+    policy = xrt.KernelPolicy.from_dict(spec, "--policy")
+    return None if policy == xrt.KernelPolicy() else policy
 
 
 def batch_for(step: int, args: argparse.Namespace, rank: int, world: int, device: str) -> tuple[torch.Tensor, ...]:
@@ -173,7 +182,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     times, step = [], 0
     sync = torch.cuda.synchronize if device_type == "cuda" else (lambda: None)
-    profiling = contextlib.ExitStack()
+    profiling, prof = contextlib.ExitStack(), None
     if args.capture_graph:
         graph = xtorch.CUDAGraphWrapper(warmup_iters=min(3, args.steps))
         loss_out = graph.capture(train_step)
@@ -181,7 +190,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             losses[step] = float("nan")  # warm-up losses are not kept by the captured step
         step = fed[0]
     while step < args.steps:
-        if args.profile_steps and step == args.steps - args.profile_steps:
+        if args.profile_steps and prof is None and step >= args.steps - args.profile_steps:  # after any warm-up
             prof = profiling.enter_context(xtorch.profile(record_shapes=False, profile_memory=False))
         sync()
         start = time.perf_counter()

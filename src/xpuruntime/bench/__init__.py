@@ -19,6 +19,7 @@ rate in TB/s or TFLOP/s for ours.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import json
 import math
@@ -331,8 +332,8 @@ def run_row(row: Row, timer: Timer) -> Result:
         fastest = min(alternatives.values())
         result.ours_vs_best = fastest / ours_ms if ours_ms > 0 else None
         result.selection_vs_best = {m: fastest / alternatives[m] for m in SELECTION_FLOORS if m in alternatives}
-    if problem:
-        result.status, result.message = "wrong", problem
+    if problem:  # timed and shown, but a wrong result meets no target
+        result.status, result.message, result.met, result.missed_by = "wrong", problem, None, None
     elif setup.note:
         result.message = setup.note
     return result
@@ -453,12 +454,20 @@ def markdown(results: Sequence[Result], env: dict[str, Any]) -> str:
     return head + "\n".join(lines) + "\n"
 
 
+def _plottable(results: Sequence[Result]) -> list[Result]:
+    return [r for r in results if r.ratio is not None and math.isfinite(r.ratio)]
+
+
 def bar_chart(results: Sequence[Result], path: Path) -> bool:
-    """A PNG of each row's ratio (ours over anchor) with its ratio target marked; False if nothing to plot."""
-    plotted = [r for r in results if r.ratio is not None and math.isfinite(r.ratio)]
+    """A PNG of each row's ratio (ours over anchor) with its ratio target marked; False if nothing to plot
+    or matplotlib (the `bench` extra) is not installed."""
+    plotted = _plottable(results)
     if not plotted:
         return False
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        return False
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -495,8 +504,8 @@ def write_reports(
     if failures:
         text += "\nModules that failed to import:\n\n" + "".join(f"- `{m}`: {e}\n" for m, e in failures)
     (out_dir / "results.md").write_text(text)
-    if chart:
-        bar_chart(results, out_dir / "ratios.png")
+    if chart and not bar_chart(results, out_dir / "ratios.png"):
+        (out_dir / "ratios.png").unlink(missing_ok=True)  # an older run's chart must not pass for this one's
     return doc
 
 
@@ -510,12 +519,12 @@ def add_arguments(parser: Any) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`xpuruntime bench`: run the selected rows and write the reports."""
-    import argparse
+    """`xpuruntime bench`: run the selected rows and write the reports (errors as the `xpuruntime` CLI gives them)."""
+    import sys
 
-    parser = argparse.ArgumentParser(prog="xpuruntime bench", description="Ours beside the anchors, same process.")
-    add_arguments(parser)
-    return run_cli(parser.parse_args(argv))
+    from ..cli import main as cli_main
+
+    return cli_main(["bench", *(sys.argv[1:] if argv is None else argv)])
 
 
 def run_cli(args: Any) -> int:
@@ -535,10 +544,20 @@ def run_cli(args: Any) -> int:
     if not rows:
         console.print("[red]no benchmark rows selected[/]")
         return 1
+    try:  # before the first row: a run of many minutes must not end in "cannot write"
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        from ..errors import ArgumentError
+
+        raise ArgumentError(f"--out {str(out)!r}: cannot create the folder: {exc.strerror or exc}") from None
     results = run(rows, default_timer(timer), on_result=lambda done: write_reports(done, out, failures, chart=False))
-    write_reports(results, out, failures)
-    console.print(markdown(results, environment()), markup=False, highlight=False)
-    console.print(f"wrote {out / 'results.json'}, {out / 'results.md'}, {out / 'ratios.png'}")
+    doc = write_reports(results, out, failures)
+    say = functools.partial(console.print, markup=False, highlight=False, soft_wrap=True)  # rows stay whole in pipes
+    say(markdown(results, doc["environment"]))  # the same header as results.md
+    written = [out / name for name in ("results.json", "results.md", "ratios.png") if (out / name).exists()]
+    say(f"wrote {', '.join(map(str, written))}")
+    if _plottable(results) and not (out / "ratios.png").exists():
+        say("ratios.png not drawn: matplotlib is not installed (pip install 'xpuruntime[bench]')", style="yellow")
     return 0 if all(r.status in ("ok", "skipped") for r in results) else 1
 
 

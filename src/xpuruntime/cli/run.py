@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import time
+import zipfile
 from typing import Any
 
 import numpy as np
@@ -46,8 +47,24 @@ def random_feed(session: Any, dims: dict[str, int], seed: int = 0) -> dict[str, 
 
 
 def _load_feed(path: str) -> dict[str, np.ndarray]:
-    with np.load(path) as data:
-        return {k: data[k] for k in data.files}
+    expected = f"--inputs {path!r}: expected a .npz file (np.savez) with one array per model input"
+    try:
+        data = np.load(path)  # allow_pickle stays off: a feed is arrays, never code
+        if not isinstance(data, np.lib.npyio.NpzFile):
+            raise ArgumentError(expected)
+        with data:
+            return {k: data[k] for k in data.files}
+    except OSError as exc:
+        raise ArgumentError(f"--inputs {path!r}: cannot read it: {exc.strerror or exc}") from None
+    except (ValueError, zipfile.BadZipFile):  # not an archive (NumPy guesses a pickle), or object arrays
+        raise ArgumentError(expected) from None
+
+
+def _non_negative_int(text: str) -> int:
+    """argparse type for --iterations: an integer >= 0."""
+    if not text.strip().isdigit():
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return int(text)
 
 
 def cmd_run(args: argparse.Namespace, console: Console) -> int:
@@ -109,6 +126,6 @@ def add_parser(commands: Any) -> None:
     run.add_argument("--inputs", help="a .npz file with one array per model input")
     run.add_argument("--level", default="all", choices=("disabled", "basic", "extended", "all"))
     run.add_argument("--dim", action="append", default=[], help="symbolic dim size NAME=INT (default 2)")
-    run.add_argument("--iterations", type=int, default=10, help="timed runs after the first (default 10)")
+    run.add_argument("--iterations", type=_non_negative_int, default=10, help="timed runs after the first (default 10)")
     run.add_argument("--explain", action="store_true", help="print each step's kernel and why")
     run.set_defaults(handler=cmd_run)
