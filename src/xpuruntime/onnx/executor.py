@@ -25,13 +25,21 @@ import numpy as np
 
 from ..abi import ArgPack
 from ..dispatch import Dispatcher
-from ..errors import XpuRuntimeError
+from ..errors import UnsupportedByPolicyError, XpuRuntimeError
 from ..graph.ir import Graph, Node
 from .errors import NodeExecutionError
 from .lowering import XRT_DOMAIN, flattens, lower
 from .opmap import OPS
 
 ALWAYS_STATIC = frozenset({"Shape", "Size"})
+# node inputs whose values set the shape of the node's output: fed by a value that is not constant for the
+# signature (a graph input's values, say), the output's shape can change from run to run of one plan
+SHAPE_INPUTS = {
+    "Reshape": (1,), "Expand": (1,), "Tile": (1,), "Slice": (1, 2, 3, 4), "Range": (0, 1, 2),
+    "ConstantOfShape": (0,), "Squeeze": (1,), "Unsqueeze": (1,), "Split": (1,),
+    **{f"Reduce{op}": (1,) for op in ("Sum", "Mean", "Max", "Min", "Prod", "L1", "L2", "SumSquare", "LogSum",
+                                      "LogSumExp")},
+}  # fmt: skip
 TUPLE_RESULTS = frozenset(
     {"LayerNormalization", "Split"}
 )  # op-map functions that return a tuple  # their outputs depend only on the input signature
@@ -70,6 +78,7 @@ class ExecutionPlan:
     input_slots: list[int]
     output_slots: list[int]
     folded: int = 0  # nodes evaluated once while planning (shape chains)
+    varying: int = 0  # steps whose input shapes depend on input values (run by the op map, never captured)
     static_outputs: set[int] = field(default_factory=set)  # outputs that are plan constants: copied out
     reused_buffers: int = 0
     profile: list[tuple[str, float]] = field(default_factory=list)
@@ -111,8 +120,18 @@ class ExecutionPlan:
             raise NodeExecutionError(_failure(steps[index], env, exc)) from exc
         except Exception as exc:
             raise NodeExecutionError(_failure(steps[index], env, exc)) from exc
-        static = self.static_outputs
-        return [np.array(env[s]) if s in static else _output(env[s]) for s in self.output_slots]
+        return _results(env, self.output_slots, self.static_outputs, feeds)
+
+
+def _results(values: list, slots: list[int], constants: set[int], feeds: Any) -> list[Any]:
+    """The graph outputs as arrays the caller owns: plan constants and the caller's own inputs are copied
+    (changing a result must change neither the next run nor the inputs)."""
+    fed = {id(a) for a in feeds}
+    return [_copy(values[s]) if s in constants or id(values[s]) in fed else _output(values[s]) for s in slots]
+
+
+def _copy(value: Any) -> Any:
+    return value.clone() if hasattr(value, "clone") else np.array(value)
 
 
 def _output(value: Any) -> Any:
@@ -170,11 +189,13 @@ class Planner:
             values[s] = feeds[v.name]
         steps: list[Step] = []
         folded = 0
+        varying: set[int] = set()  # slots whose shape can differ between runs of this signature
         for node in graph.nodes:
             ins = tuple(slot(n) for n in node.inputs)
             outs = tuple(slot(n) for n in node.outputs)
             args = [values[i] for i in ins]
-            is_static = (node.op in ALWAYS_STATIC and not node.domain) or all(i in static for i in ins)
+            shape_only = node.op in ALWAYS_STATIC and not node.domain and ins[0] not in varying
+            is_static = shape_only or all(i in static for i in ins)
             if is_static and node.domain != XRT_DOMAIN:
                 try:
                     results = self._call_numpy(node, args)
@@ -185,24 +206,32 @@ class Planner:
                     static.add(s)
                 folded += 1
                 continue
+            varies = _varies(node, ins, static, varying)
+            if varies:
+                varying.update(outs)
             try:
                 ins = self._device_inputs(node, ins, values, static, slot)
-                step = self._make_step(node, ins, outs, [values[i] for i in ins], values)
+                if varies:  # a kernel's plan, buffer and lowered attributes hold for one shape only
+                    step = self._op_map_step(node, ins, outs, "input shapes depend on input values")
+                else:
+                    step = self._make_step(node, ins, outs, [values[i] for i in ins], values)
                 step = self._first_run(step, values, ins)
+            except UnsupportedByPolicyError:
+                raise  # a strict policy's refusal is the answer, not a node failure
             except Exception as exc:
                 raise NodeExecutionError(_failure(Step(node, "numpy", ins, outs), values, exc)) from exc
             steps.append(step)
         output_slots = [slots[v.name] if v.name in slots else slot(v.name) for v in graph.outputs]
         template: list[Any] = [values[i] if i in static else None for i in range(len(values))]
         plan = ExecutionPlan(slots, template, steps, input_slots, output_slots, folded)
+        plan.varying = sum(1 for step in steps if any(i in varying for i in step.outputs))
         plan.static_outputs = {s for s in output_slots if s in static}
         if self.reuse_memory:
             plan.plain_template = list(template)
             plan.reused_buffers = _assign_buffers(plan, values, set(output_slots) | set(input_slots))
             plan.plain_template += [None] * (len(plan.template) - len(plan.plain_template))
             _bind(plan)
-        outputs = [_output(values[s]) for s in output_slots]
-        return plan, outputs
+        return plan, _results(values, output_slots, plan.static_outputs, feeds.values())
 
     # -- steps -------------------------------------------------------------------------------
     def _call_numpy(self, node: Node, args: list) -> tuple:
@@ -259,10 +288,16 @@ class Planner:
                 arity = len(self.dispatcher.registry.op(op).inputs)
                 kernel_ins = [0 if p is None else ins[p] for p in positions]
                 return _kernel_step(node, kernel_ins, outs, plan, arity, self.dispatcher, flat)
+            except UnsupportedByPolicyError:
+                raise  # strict: the policy's kernel or an error, never a quiet fallback to the op map
             except XpuRuntimeError as exc:
                 if node.domain == XRT_DOMAIN:
                     return self._fallback_step(node, ins, outs, f"no kernel: {exc}")
                 note = f"{op} cannot run it: {type(exc).__name__}: {str(exc)[:200]}"
+        return self._op_map_step(node, ins, outs, note)
+
+    def _op_map_step(self, node: Node, ins: tuple, outs: tuple, note: str) -> Step:
+        """The node as a function of the op map (an xrt node: the op's fallback), right for any shapes."""
         if node.domain == XRT_DOMAIN:
             return self._fallback_step(node, ins, outs, note or "no lowering")
         fn = self.fns.get(id(node))
@@ -271,6 +306,15 @@ class Planner:
         step = _numpy_step(node, ins, outs, fn, note, self.wrap)
         step.kind = self.step_kind
         return step
+
+
+def _varies(node: Node, ins: tuple, static: set[int], varying: set[int]) -> bool:
+    """Whether the node's output shapes can change between runs of one signature: an input's shape can, or
+    a shape-setting input (a Reshape's target, a Slice's bounds, a Reduce's axes) is not a constant."""
+    if any(i in varying for i in ins):
+        return True
+    positions = SHAPE_INPUTS.get(node.op, ()) if not node.domain else ()
+    return any(p < len(ins) and ins[p] not in static for p in positions)
 
 
 def _as_outputs(node: Node, result: Any) -> tuple:

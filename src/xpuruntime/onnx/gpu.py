@@ -269,6 +269,9 @@ def _builders() -> dict[str, Callable[[Node, int], Callable]]:
                     x = torch.index_select(x, ax, torch.tensor(picked, dtype=torch.long, device=x.device))
             return x
 
+        if opset < 10:  # Slice-1: starts, ends and axes are attributes
+            bounds = (node.attrs["starts"], node.attrs["ends"], node.attrs.get("axes"))
+            return lambda x: run(x, *bounds)
         return run
 
     def gather(node: Node, opset: int) -> Callable:
@@ -355,7 +358,7 @@ def _builders() -> dict[str, Callable[[Node, int], Callable]]:
             ax = _ints(axis)[0] % x.dim()
             y = torch.flip(x, (ax,)) if reverse else x
             out = torch.cumsum(y, dim=ax).to(x.dtype)
-            if exclusive:
+            if exclusive and out.shape[ax]:
                 out = torch.cat([torch.zeros_like(out.narrow(ax, 0, 1)), out.narrow(ax, 0, out.shape[ax] - 1)], dim=ax)
             return torch.flip(out, (ax,)) if reverse else out
 
@@ -384,9 +387,16 @@ def _builders() -> dict[str, Callable[[Node, int], Callable]]:
         equation = node.attrs["equation"].replace(" ", "")
         return lambda *xs: torch.einsum(equation, *xs)
 
+    def shape(node: Node, opset: int) -> Callable:  # folded while planning unless the shape varies per run
+        start, end = node.attrs.get("start", 0), node.attrs.get("end")
+        return lambda x: torch.tensor(tuple(x.shape)[start:end], dtype=torch.int64, device=x.device)
+
+    def size(node: Node, opset: int) -> Callable:
+        return lambda x: torch.tensor(x.numel(), dtype=torch.int64, device=x.device)
+
     ops.update(
         PRelu=prelu, Mod=mod, Sum=sum_mean, Mean=sum_mean, ArgMax=arg, ArgMin=arg, CumSum=cumsum, Trilu=trilu,
-        GatherElements=gather_elements, Einsum=einsum,
+        GatherElements=gather_elements, Einsum=einsum, Shape=shape, Size=size,
     )  # fmt: skip
     ops.update(
         Div=div, Pow=power, Max=max_min, Min=max_min, Gelu=gelu, Cast=cast, Clip=clip, Gemm=gemm, Softmax=softmax,
@@ -512,7 +522,6 @@ class GpuRunner:
             TORCH_OPS.update(_builders())
         self.session = session
         missing = sorted({n.op for n in session.graph.nodes if n.domain != XRT_DOMAIN and n.op not in TORCH_OPS})
-        missing = [op for op in missing if op not in ("Shape", "Size")]
         if missing:
             raise UnsupportedModelError(f"ops without a GPU implementation: {', '.join(missing)}")
         graph = session.graph
@@ -567,7 +576,7 @@ class GpuRunner:
                                  constants=self.constants)  # fmt: skip
             plan, outputs = planner.build({v.name: t for v, t in zip(session._inputs, feeds)})
         entry = _Entry(plan, [o.clone() if hasattr(o, "clone") else o for o in outputs])
-        if session.options.enable_cuda_graph and self.device.type == "cuda":
+        if session.options.enable_cuda_graph and self.device.type == "cuda" and not plan.varying:
             entry.capture(feeds)
         return entry
 

@@ -96,9 +96,6 @@ ONNX_LOWERINGS: dict[str, Callable[[Node, list, int], Lowered | None]] = {
     "ReduceSum": _reduce_sum,
 }
 
-# inputs the lowering reads at plan time (must be constant for the signature): node op -> input indices
-STATIC_INPUTS = {"ReduceSum": (1,)}
-
 
 def lower(node: Node, args: list, opset: int) -> Lowered | None:
     """The xrt op call for `node` with these argument arrays, or None (run it with the op map)."""

@@ -404,6 +404,9 @@ def _slice(node: Node, opset: int) -> Fn:
             index[axis] = slice(start, None if end < 0 else end, step)
         return x[tuple(index)]
 
+    if opset < 10:  # Slice-1: starts, ends and axes are attributes
+        bounds = (node.attrs["starts"], node.attrs["ends"], node.attrs.get("axes"))
+        return lambda x: run(x, *bounds)
     return run
 
 
@@ -535,7 +538,7 @@ def _cumsum(node: Node, opset: int) -> Fn:
         ax = _axis("CumSum", int(np.asarray(axis).reshape(-1)[0]), x.ndim)
         y = np.flip(x, ax) if reverse else x
         out = np.cumsum(y, axis=ax, dtype=x.dtype)
-        if exclusive:
+        if exclusive and out.shape[ax]:
             out = np.concatenate(
                 [np.zeros_like(np.take(out, [0], axis=ax)), np.take(out, range(out.shape[ax] - 1), axis=ax)], axis=ax
             )

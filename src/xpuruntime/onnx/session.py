@@ -140,6 +140,10 @@ class InferenceSession:
             raise InputFeedError(f"run: input_feed expected a dict of name -> array, got {type(input_feed).__name__}")
         names = [v.name for v in self._inputs]
         unknown = sorted(set(input_feed) - set(names))
+        constants = [n for n in unknown if n in self.original.initializers]
+        if constants:
+            raise InputFeedError(f"run: {constants} are initializers, constants of this session that a feed cannot "
+                                 f"override; the model's inputs are {names}")  # fmt: skip
         if unknown:
             raise InputFeedError(f"run: unknown input(s) {unknown}; the model's inputs are {names}")
         missing = [n for n in names if n not in input_feed]

@@ -22,6 +22,7 @@ UNARY = {
     "Tanh": "tanh", "Erf": "erf", "Sigmoid": "sigmoid", "Relu": "relu", "Sin": "sin", "Cos": "cos",
     "Identity": "copy", "Cast": "copy",
 }  # fmt: skip
+EXACT_IN_FLOAT16 = ("float16", "bool", "int8", "uint8")  # Cast from these to float16 never rounds
 BINARY = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Pow": "pow", "Max": "max", "Min": "min"}
 
 
@@ -47,8 +48,8 @@ def _fusible(graph: Graph, node: Node) -> str | None:
     ins = [graph.value(n).dtype for n in node.inputs]
     if None in ins:
         return None
-    if node.op == "Cast":
-        return dtype if ins[0] is not None else None
+    if node.op == "Cast":  # float16 programs compute in float32: a Cast to float16 must round on its own
+        return dtype if dtype != "float16" or ins[0] in EXACT_IN_FLOAT16 else None
     if node.op == "Pow":
         return dtype if ins[0] == dtype else None
     return dtype if all(d == dtype for d in ins) else None
