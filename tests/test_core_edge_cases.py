@@ -149,3 +149,11 @@ def test_a_fallback_warning_points_at_a_sibling_package_calling_us(tmp_path):
         namespace["call"](Dispatcher(registry).run, np.random.default_rng().standard_normal(3).astype(np.float32))
     (warning,) = [w for w in caught if issubclass(w.category, KernelFallbackWarning)]
     assert warning.filename == sibling
+
+
+def test_an_option_passed_as_a_preference_says_it_is_an_option():
+    """{'strict': 'true'} as preferences used to answer "unknown ... 'strict'. Did you mean 'strict'?"."""
+    from xpuruntime.errors import PolicyError
+
+    with pytest.raises(PolicyError, match="'strict' is a policy option, not an op"):
+        KernelPolicy({"strict": "true"})

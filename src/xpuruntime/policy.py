@@ -85,6 +85,8 @@ def _check_names(prefs: Mapping[str, str], registry: Registry | None, kernels: b
 
     registry = registry or default_registry()
     for op, name in prefs.items():
+        if op in _OPTIONS:
+            raise PolicyError(f"'{op}' is a policy option, not an op: pass it as an option ({op}=...)")
         if op not in registry.ops:
             raise unknown_name(UnknownOpError, "op or policy option", op, [*registry.ops, *_OPTIONS])
         if kernels and name not in (AUTO, AUTOTUNE):
