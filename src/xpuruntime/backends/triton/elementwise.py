@@ -257,6 +257,8 @@ def _ref(ref: tuple) -> str:
     if kind == "t":
         return f"t{value}"
     value = float(value)
+    if value == 0.0 and math.copysign(1.0, value) < 0.0:
+        return "neg_zero"  # a launch argument: Triton 3.6 compiles a -0.0 literal as +0.0 (H100, session 11)
     return repr(value) if math.isfinite(value) else f'float("{value}")'
 
 
@@ -267,7 +269,7 @@ def kernel_source(program: tuple, n_inputs: int, interpret: bool = INTERPRET) ->
     strides = ", ".join(f"s{i}_{d}" for i in range(n_inputs) for d in range(MAX_DIMS))
     modes = ", ".join(f"M{i}: tl.constexpr" for i in range(n_inputs))
     lines = [
-        f"def fused_kernel({args}, y_ptr, n, d1, d2, d3, {strides}, ys0, ys1, ys2, ys3, {modes},",
+        f"def fused_kernel({args}, y_ptr, n, d1, d2, d3, {strides}, ys0, ys1, ys2, ys3, neg_zero, {modes},",
         "                 Y_LINEAR: tl.constexpr, WIDE: tl.constexpr, BLOCK: tl.constexpr):",
         "    pid = tl.program_id(0)",
         "    if WIDE:",
@@ -352,6 +354,6 @@ def fused_elementwise_triton(args: ArgPack) -> None:
     modes = {f"M{i}": m for i, m in enumerate(p["MODES"])}
     launch(
         p["_kernel"], args.config.grid,
-        *inputs, as_torch(args.out), p["n"], *p["dims"], *strides, *p["strides"][-1],
+        *inputs, as_torch(args.out), p["n"], *p["dims"], *strides, *p["strides"][-1], -0.0,
         Y_LINEAR=p["Y_LINEAR"], WIDE=p["WIDE"], BLOCK=p["BLOCK"], num_warps=p["num_warps"], **modes,
     )  # fmt: skip
