@@ -32,6 +32,8 @@ from typing import Any
 
 import numpy as np
 
+from . import streams
+
 ALIGNMENT = 256
 SMALL_LIMIT = 1 << 20
 SMALL_GRANULE = 512
@@ -142,7 +144,7 @@ class TorchDeviceArena(Arena):
         return buffer, ptr
 
     def current_stream(self) -> Any:
-        return self._torch.cuda.current_stream(self._device)
+        return streams.current_stream(self.device)  # cached: torch.cuda.current_stream costs ~3 µs a call
 
     def record(self, stream: Any) -> Any:
         event = self._torch.cuda.Event()
