@@ -1,7 +1,7 @@
 """attention(q, k, v, attn_mask=None, is_causal=False, scale=None) with F.scaled_dot_product_attention's
 semantics: q (..., L, E), k (..., S, E), v (..., S, Ev) -> (..., L, Ev); batch dims broadcast; a bool mask
 keeps True positions, a float mask is added to the scores; causal masking is aligned top-left.
-A query row that can see no key gives NaN, as PyTorch's math backend does."""
+A query row that can see no key gives NaN (PyTorch's math backend gave NaN before 2.5, 0 since)."""
 
 from __future__ import annotations
 

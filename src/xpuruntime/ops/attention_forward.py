@@ -2,8 +2,8 @@
 
 `attention_forward(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=False)` returns
 `(out, lse)`: `out` as `attention` computes it, `lse` (float32, shape (*batch, L)) the natural-log
-logsumexp of each row of scaled, masked scores. A row that sees no key gets out = NaN (as PyTorch's
-math backend) and lse = +inf, so `attention_backward` gives it no gradient.
+logsumexp of each row of scaled, masked scores. A row that sees no key gets out = NaN (as the
+`attention` op) and lse = +inf, so `attention_backward` gives it no gradient.
 
 The kernel ABI has one output per op, so the op's output is `out` and `lse` is an input buffer that the
 kernel fills (float32, contiguous, shape (*batch, L)); the front end allocates it. Unlike `attention`,

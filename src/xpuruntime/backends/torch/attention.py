@@ -63,6 +63,13 @@ def _head_dim(limit: int, multiple: int):
     return check
 
 
+def _scale_not_negative(ctx: DispatchContext) -> str | None:
+    """PyTorch's flash and cuDNN kernels return NaN for a scale < 0 (H100, PyTorch 2.11; efficient and math
+    are right)."""
+    scale = ctx.attrs["scale"]
+    return f"scale {scale} < 0 (this fused kernel returns NaN for a negative scale)" if scale < 0 else None
+
+
 def _causal_square(ctx: DispatchContext) -> str | None:
     """cuDNN aligns causal masks differently from PyTorch's top-left convention when L != S."""
     at = ctx.attrs
@@ -107,17 +114,31 @@ def cudnn_forward(
     return result[0], result[1]
 
 
+def _blind_rows(mask: torch.Tensor) -> torch.Tensor:
+    """(..., L, 1): True on the query rows the mask lets see no key."""
+    if mask.dtype == torch.bool:
+        return ~mask.any(dim=-1, keepdim=True)
+    return (mask == float("-inf")).all(dim=-1, keepdim=True)
+
+
 def _sdpa(args: ArgPack, backend: SDPBackend) -> torch.Tensor:
+    """SDPA with one backend. Since PyTorch 2.5 the math backend (its _safe_softmax) gives 0 on a row that sees
+    no key; the op gives NaN there (as the reference, flash_v2 and the CPU kernels do), so such rows are set."""
     q, k, v, mask = args.inputs
     at = args.attrs
     with sdpa_kernel([backend]):
         result = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=at["is_causal"], scale=at["scale"])
+    if mask is not None and mask.numel():
+        result.masked_fill_(_blind_rows(mask), float("nan"))
     return returned(args, result)
 
 
 @kernel(
     "attention", "torch_flash", backend="torch", dtypes=HALF_DTYPES, priority=15, fused=True, tensor_cores=True,
-    conditions=(_sm80, _four_dims, _last_dim_contiguous, _no_mask, _head_dim(256, 8), _flash_causal_square, _nonempty),
+    conditions=(
+        _sm80, _four_dims, _last_dim_contiguous, _no_mask, _head_dim(256, 8), _flash_causal_square,
+        _scale_not_negative, _nonempty,
+    ),
     returns_output=True,
 )  # fmt: skip
 def attention_torch_flash(args: ArgPack) -> torch.Tensor:
@@ -138,7 +159,10 @@ def attention_torch_efficient(args: ArgPack) -> torch.Tensor:
 
 @kernel(
     "attention", "torch_cudnn", backend="torch", dtypes=HALF_DTYPES, priority=25, fused=True, tensor_cores=True,
-    conditions=(_sm80, _four_dims, _last_dim_contiguous, _no_mask, _head_dim(128, 8), _causal_square, _nonempty),
+    conditions=(
+        _sm80, _four_dims, _last_dim_contiguous, _no_mask, _head_dim(128, 8), _causal_square, _scale_not_negative,
+        _nonempty,
+    ),
     returns_output=True,
 )  # fmt: skip
 def attention_torch_cudnn(args: ArgPack) -> torch.Tensor:

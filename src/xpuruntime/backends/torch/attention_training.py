@@ -66,6 +66,7 @@ from .attention import (
     _last_dim_contiguous,
     _no_mask,
     _nonempty,
+    _scale_not_negative,
     _sm80,
     cudnn_forward,
     flash_forward,
@@ -95,11 +96,12 @@ def _not_single(ctx: DispatchContext) -> str | None:
 
 
 FLASH_CONDITIONS = (
-    _sm80, _rank, _last_dim_contiguous, _no_mask, _head_dim(256, 8), _flash_causal_square, _nonempty, _not_single,
+    _sm80, _rank, _last_dim_contiguous, _no_mask, _head_dim(256, 8), _flash_causal_square, _scale_not_negative,
+    _nonempty, _not_single,
 )  # fmt: skip
 CUDNN_CONDITIONS = (
-    _sm80, _rank, _last_dim_contiguous, _no_mask, _head_dim(128, 8), _causal_square, _nonempty,
-    _not_single,
+    _sm80, _rank, _last_dim_contiguous, _no_mask, _head_dim(128, 8), _causal_square, _scale_not_negative,
+    _nonempty, _not_single,
 )  # fmt: skip
 
 

@@ -17,7 +17,7 @@ from ...abi import ArgPack, LaunchConfig
 from ...context import DispatchContext
 from ...registry import kernel
 from . import flash
-from .common import INTERPRET, as_torch, no_negative_strides
+from .common import INTERPRET, MAX_GRID_Y, as_torch, no_negative_strides
 
 HALF = frozenset({"float16", "bfloat16"})
 MAX_HEAD_DIM = 256  # q, k, v tiles of a larger head dim do not fit in shared memory
@@ -46,7 +46,48 @@ def _arch(ctx: DispatchContext) -> str | None:
     return None
 
 
-CONDITIONS = (_head_dim, _rank, _arch, no_negative_strides)
+def _grid(ctx: DispatchContext) -> str | None:
+    """Every kernel puts batch*heads on grid dimension 1, which CUDA caps at 65535."""
+    bh = math.prod(ctx.attrs["batch"])
+    if bh > MAX_GRID_Y:
+        return f"batch*heads = {bh} > {MAX_GRID_Y} (the kernel grid's second dimension)"
+    return None
+
+
+INT32_LIMIT = 2**31
+
+
+def _span(shape: tuple[int, ...], strides: tuple[int, ...]) -> int:
+    """The largest element offset within one [S, D] slice (the last two dims)."""
+    return sum((n - 1) * abs(st) for n, st in zip(shape[-2:], strides[-2:]) if n > 0)
+
+
+def _offsets_fit(ctx: DispatchContext) -> str | None:
+    """The kernels index within a (batch, head) slice in int32 (row index times row stride): a slice whose
+    offsets reach 2**31 (a 65536 x 65536 mask, a [B, S, H, D] view with S*H*D >= 2**31) would wrap."""
+    named = [(n, ctx.tensor(n)) for n in ctx.arg_names if n != "lse" and ctx.has_tensor(n)]
+    if ctx.out is not None and ctx.op != "attention_backward":
+        named.append(("out", ctx.out))
+    for name, t in named:
+        if len(t.shape) >= 2 and _span(t.shape, t.strides) >= INT32_LIMIT:
+            return (
+                f"'{name}' spans {_span(t.shape, t.strides)} elements in one [S, D] slice (kernels index it in int32)"
+            )
+    shape = ctx.out_shape or ()  # a fresh row-major output (or, backward, the packed dq/dk/dv: q's [L, D] rows)
+    if len(shape) >= 2 and shape[-2] * shape[-1] >= INT32_LIMIT:
+        return f"output slice of {shape[-2] * shape[-1]} elements (kernels index it in int32)"
+    return None
+
+
+def _scale_not_negative(ctx: DispatchContext) -> str | None:
+    """The forward's unmasked key loop takes the row max of unscaled scores times the scale, which is the row
+    max of the scaled scores only for a scale >= 0 (a negative one overflows exp2: NaN)."""
+    scale = ctx.attrs["scale"]
+    return f"scale {scale} < 0 (the forward's online softmax assumes a non-negative scale)" if scale < 0 else None
+
+
+CONDITIONS = (_head_dim, _rank, _arch, no_negative_strides, _grid, _offsets_fit)
+FORWARD_CONDITIONS = (*CONDITIONS, _scale_not_negative)
 
 
 def _configs(ctx: DispatchContext) -> tuple[flash.FwdConfig, flash.BwdConfig]:
@@ -150,7 +191,7 @@ def _batch4(batch: tuple[int, ...]) -> tuple[int, int]:
 
 
 @kernel(
-    "attention", "flash_v2", backend="triton", dtypes=HALF, conditions=CONDITIONS, priority=20, fused=True,
+    "attention", "flash_v2", backend="triton", dtypes=HALF, conditions=FORWARD_CONDITIONS, priority=20, fused=True,
     tensor_cores=True, launch_config=launch_config,
 )  # fmt: skip
 def attention_flash_v2(args: ArgPack) -> None:
@@ -168,7 +209,7 @@ def attention_flash_v2(args: ArgPack) -> None:
 
 
 @kernel(
-    "attention_forward", "flash_v2", backend="triton", dtypes=HALF, conditions=CONDITIONS, priority=20,
+    "attention_forward", "flash_v2", backend="triton", dtypes=HALF, conditions=FORWARD_CONDITIONS, priority=20,
     fused=True, tensor_cores=True, launch_config=launch_config,
 )  # fmt: skip
 def attention_forward_flash_v2(args: ArgPack) -> None:

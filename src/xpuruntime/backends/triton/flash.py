@@ -4,7 +4,7 @@ Forward: one program per (query block, batch*head); the softmax runs online over
 log2 domain (exp2 with scale*log2(e) folded into one multiply-add). Causal calls (top-left aligned)
 split the key range into blocks strictly left of the diagonal, which need no mask, and the blocks on
 it, which do. The logsumexp (natural log) is written for backward; a row that sees no key gets out =
-NaN (as PyTorch's math backend) and logsumexp = +inf, so backward gives it no gradient.
+NaN (as the op's reference) and logsumexp = +inf, so backward gives it no gradient.
 
 Backward: a preprocess computes delta = rowsum(dO * O); one kernel owns a key/value block and loops
 over query blocks (and over the query heads of its GQA group, so the group's reduction is
@@ -642,12 +642,17 @@ SMALL_FWD = FwdConfig(16, 16, 1, 1)  # the interpreter: few, tiny programs
 SMALL_BWD = BwdConfig(SMALL_FWD, SMALL_FWD)
 
 
+def _bucket(head_dim: int) -> int:
+    """The tables' head-dim bucket: head dims up to 16 (BLOCK_D 16) take the 32 row."""
+    return max(32, block_d(head_dim))
+
+
 def fwd_config(head_dim: int, causal: bool = False, interpreted: bool = False) -> FwdConfig:
-    return SMALL_FWD if interpreted else FWD_CONFIGS[(block_d(head_dim), causal)]
+    return SMALL_FWD if interpreted else FWD_CONFIGS[(_bucket(head_dim), causal)]
 
 
 def bwd_config(head_dim: int, causal: bool = False, interpreted: bool = False) -> BwdConfig:
-    return SMALL_BWD if interpreted else BWD_CONFIGS[(block_d(head_dim), causal)]
+    return SMALL_BWD if interpreted else BWD_CONFIGS[(_bucket(head_dim), causal)]
 
 
 def fwd_flops(B: int, H: int, L: int, S: int, D: int, causal: bool) -> float:
