@@ -34,6 +34,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+@pytest.fixture
+def rng() -> np.random.Generator:
+    """Fresh random data per test (tests must not depend on one lucky draw)."""
+    return np.random.default_rng()
+
+
 @pytest.fixture(autouse=True)
 def clean_runtime_state(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.delenv(policy.ENV_POLICY, raising=False)

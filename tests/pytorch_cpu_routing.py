@@ -4,8 +4,10 @@ fixture that routes CPU aten ops through it, so override routing is tested end t
 from __future__ import annotations
 
 import collections
+import contextlib
 import importlib
 import math
+import warnings
 from collections.abc import Iterator
 
 import numpy as np
@@ -171,3 +173,16 @@ def routed_registry() -> Iterator[Registry]:
         overrides.route_devices(("cuda",))
         routing.use_dispatcher(None)
         CALLS.clear()
+
+
+@contextlib.contextmanager
+def foreign_override(aten_name: str = "bmm") -> Iterator[None]:
+    """Another library's kernel for aten::<aten_name> on CPU, as xpuruntime must refuse to replace."""
+    foreign = torch.library.Library("aten", "IMPL")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        foreign.impl(aten_name, lambda a, b: a, "CPU")
+    try:
+        yield
+    finally:
+        foreign._destroy()

@@ -23,6 +23,7 @@ from triton_harness import (
     make,
     poisoned,
     rerun_under_interpreter,
+    strict,
     torch,
 )  # fmt: skip
 
@@ -38,15 +39,6 @@ from xpuruntime.policy import KernelPolicy
 from xpuruntime.registry import default_registry
 
 HUGE = 2**30 + 16  # a stride that fits in 32 bits; twice it does not
-
-
-@pytest.fixture
-def rng() -> np.random.Generator:
-    return np.random.default_rng()
-
-
-def strict(**prefs: str):
-    return xrt.kernel_policy(strict=True, **prefs)
 
 
 if not (INTERPRET or ON_GPU):  # CPU-only machines (CI): run this module again under the interpreter

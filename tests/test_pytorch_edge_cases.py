@@ -3,12 +3,10 @@ torch.func transforms, the PyTorch backward of norms in every dtype, and the cus
 
 from __future__ import annotations
 
-import warnings
-
 import pytest
 import torch
 import torch.nn.functional as F
-from pytorch_cpu_routing import CALLS, policy, routed_registry
+from pytorch_cpu_routing import CALLS, foreign_override, policy, routed_registry
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import xpuruntime as xrt
@@ -24,18 +22,12 @@ def cpu_routing():
 
 
 def test_a_scope_refused_for_a_foreign_override_leaves_nothing_behind(cpu_routing):
-    foreign = torch.library.Library("aten", "IMPL")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        foreign.impl("bmm", lambda a, b: a, "CPU")
-    try:
-        with (
-            pytest.raises(overrides.OverrideConflictError, match="aten::bmm"),
-            xtorch.kernel_policy(policy("matmul", registry=cpu_routing)),
-        ):
-            pytest.fail("the block must not run")
-    finally:
-        foreign._destroy()
+    with (
+        foreign_override("bmm"),
+        pytest.raises(overrides.OverrideConflictError, match="aten::bmm"),
+        xtorch.kernel_policy(policy("matmul", registry=cpu_routing)),
+    ):
+        pytest.fail("the block must not run")
     assert not overrides._scoped
     xtorch.set_kernel_policy(policy("layer_norm", registry=cpu_routing))
     assert set(xtorch.installed_overrides()) == {"layer_norm"}  # not the refused scope's matmul too
@@ -179,18 +171,11 @@ def test_a_routing_scope_runs_its_backward_on_this_thread(cpu_routing):
 
 
 def test_a_refused_scope_leaves_autograd_threading_as_it_was(cpu_routing):
-    foreign = torch.library.Library("aten", "IMPL")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        foreign.impl("bmm", lambda a, b: a, "CPU")
-    try:
-        with xtorch.kernel_policy(policy("layer_norm", registry=cpu_routing)):
-            with (
-                pytest.raises(overrides.OverrideConflictError),
-                xtorch.kernel_policy(policy("matmul", registry=cpu_routing)),
-            ):
-                pytest.fail("the block must not run")
-            assert not torch._C._is_multithreading_enabled()  # the outer scope's setting, still in force
-    finally:
-        foreign._destroy()
+    with foreign_override("bmm"), xtorch.kernel_policy(policy("layer_norm", registry=cpu_routing)):
+        with (
+            pytest.raises(overrides.OverrideConflictError),
+            xtorch.kernel_policy(policy("matmul", registry=cpu_routing)),
+        ):
+            pytest.fail("the block must not run")
+        assert not torch._C._is_multithreading_enabled()  # the outer scope's setting, still in force
     assert torch._C._is_multithreading_enabled()

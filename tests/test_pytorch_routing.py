@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from pytorch_cpu_routing import CALLS, policy, routed_registry
+from pytorch_cpu_routing import CALLS, foreign_override, policy, routed_registry
 
 import xpuruntime as xrt
 import xpuruntime.pytorch as xtorch
@@ -214,16 +214,12 @@ def test_unrunnable_preference_falls_back_once_then_strict_raises(cpu_routing):
 
 
 def test_foreign_override_is_detected(cpu_routing):
-    foreign = torch.library.Library("aten", "IMPL")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        foreign.impl("bmm", lambda a, b: a, "CPU")
     try:
-        with pytest.raises(overrides.OverrideConflictError, match="aten::bmm"):
-            xtorch.set_kernel_policy(policy("matmul", registry=cpu_routing))
-        assert xtorch.installed_overrides() == {}
+        with foreign_override("bmm"):
+            with pytest.raises(overrides.OverrideConflictError, match="aten::bmm"):
+                xtorch.set_kernel_policy(policy("matmul", registry=cpu_routing))
+            assert xtorch.installed_overrides() == {}
     finally:
-        foreign._destroy()
         xrt.clear_kernel_policy()
 
 

@@ -14,12 +14,6 @@ from xpuruntime.errors import DeviceMismatchError, KernelFallbackWarning, Unsupp
 from xpuruntime.ops.elementwise import reference as sin_affine_reference
 from xpuruntime.registry import default_registry
 
-
-@pytest.fixture
-def rng() -> np.random.Generator:
-    return np.random.default_rng()
-
-
 if not (INTERPRET or ON_GPU):  # CPU-only machines (CI): run this module again under the interpreter
 
     def test_backend_under_interpreter() -> None:

@@ -20,6 +20,7 @@ from triton_harness import (
     poisoned,
     rerun_under_interpreter,
     size,
+    strict,
     torch,
 )  # fmt: skip
 
@@ -30,16 +31,6 @@ from xpuruntime.ops.norm import layer_norm_reference, rms_norm_reference
 from xpuruntime.ops.norm_backward import layer_norm_backward_reference, rms_norm_backward_reference
 from xpuruntime.ops.reduction import reference as sum_reference
 from xpuruntime.ops.softmax import reference as softmax_reference
-
-
-@pytest.fixture
-def rng() -> np.random.Generator:
-    return np.random.default_rng()
-
-
-def strict(**prefs: str):
-    return xrt.kernel_policy(strict=True, **prefs)
-
 
 if not (INTERPRET or ON_GPU):  # CPU-only machines (CI): run this module again under the interpreter
 

@@ -19,6 +19,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
+import xpuruntime as xrt  # noqa: E402  (after the skips: without torch and triton nothing here runs)
+
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 ON_GPU = not INTERPRET and torch.cuda.is_available()
 ACTIVE = INTERPRET or ON_GPU  # the kernel tests run in this process
@@ -34,6 +36,11 @@ POLICY_ALL = dict(
     sin_affine="triton", sum="triton", softmax="triton", layer_norm="triton", rms_norm="triton",
     layer_norm_backward="triton", rms_norm_backward="triton",
 )  # fmt: skip
+
+
+def strict(**prefs: str) -> Any:
+    """A strict policy scope: the named kernels run, or the call raises (never a quiet fallback)."""
+    return xrt.kernel_policy(strict=True, **prefs)
 
 
 def size(gpu: Any, interpreter: Any) -> Any:
