@@ -133,13 +133,9 @@ def test_flash_v2_forward_declines_a_negative_scale() -> None:
 
 
 @kernel_test
-@pytest.mark.xfail(
-    strict=True,
-    reason="flash.py _fwd_step: `m_new = tl.where(m_new == -inf, 0.0, m_new)` keeps 0 as the running max after a "
-    "fully masked key block, so later scores below about -87 (natural log) underflow exp2: NaN instead of the "
-    "softmax (kernel body; not changed here)",
-)
 def test_flash_v2_masked_first_key_block_then_very_negative_scores() -> None:
+    """The masked forward reset a running max of -inf to 0 after a fully masked key block, so later scores below
+    about -87 (natural log) underflowed exp2: NaN instead of the softmax."""
     L, S, D = (64, 256, 64) if ON_GPU else (4, 32, 16)
     hidden = 64 if ON_GPU else 16  # the masked forward's first key block (64 on the GPU, 16 interpreted)
     rng = np.random.default_rng(2)
@@ -151,6 +147,120 @@ def test_flash_v2_masked_first_key_block_then_very_negative_scores() -> None:
     with xrt.kernel_policy(strict=True, **FLASH):
         out = xrt.ops.attention(q, k, v, _device(m), scale=16.0 / D)
     assert_close(out, ref, "float16", 5e-3)
+
+
+# Hidden key blocks per pattern, in units of the masked kernels' key block (BLOCK_N: 64 on the GPU, 16
+# interpreted; the backward's blocks divide it), over 5 key blocks.
+HIDDEN_BLOCKS = {
+    "first": [0],
+    "three in a row": [0, 1, 2],
+    "middle": [2],
+    "first and middle": [0, 2, 3],
+}
+
+
+def _negative_scores(rng: np.random.Generator, L: int, S: int, D: int):
+    """q near 3 and k near -3 with scale 16 / D: every score near -144 (exp2 of it with a shift of 0 underflows),
+    with enough spread that the softmax and its gradients are not flat."""
+    q = _device((3.0 + 0.1 * rng.standard_normal((1, 2, L, D))).astype(np.float16))
+    k = _device((-3.0 + 0.1 * rng.standard_normal((1, 2, S, D))).astype(np.float16))
+    v, do = (_tensor(rng, (1, 2, n, D)) for n in (S, L))
+    return q, k, v, do, 16.0 / D
+
+
+def _keep(L: int, S: int, block: int, hidden: list[int]) -> np.ndarray:
+    keep = np.ones((L, S), bool)
+    for j in hidden:
+        keep[:, j * block : (j + 1) * block] = False
+    keep[1] = False  # a row that sees no key: NaN, lse = +inf, no gradient
+    keep[2, : S - 1] = False  # a row that sees only the last key
+    return keep
+
+
+def _check_training(q, k, v, do, keep: np.ndarray, scale: float, mask=None) -> None:
+    """attention_forward and attention_backward through flash_v2 against the float64 references."""
+    q64, k64, v64 = f64(q), f64(k), f64(v)
+    with xrt.kernel_policy(strict=True, **FLASH):
+        out, lse = xrt.ops.attention_forward(q, k, v, _device(keep) if mask is None else mask, scale=scale)
+        grads = xrt.ops.attention_backward(do, q, k, v, out, lse, _device(keep) if mask is None else mask,
+                                           scale=scale)  # fmt: skip
+    assert_close(out, attention_reference(q64, k64, v64, keep, False, scale), "float16", 5e-3)
+    want_lse = lse_reference(q64, k64, keep, False, scale)
+    got_lse = f64(lse)
+    assert (np.isposinf(got_lse) == np.isposinf(want_lse)).all(), got_lse
+    finite = np.isfinite(want_lse)
+    np.testing.assert_allclose(got_lse[finite], want_lse[finite], rtol=1e-4)
+    for got, want in zip(grads, gradients_reference(f64(do), q64, k64, v64, keep, False, scale)):
+        assert_close(got, want, "float16", 1e-2)
+
+
+@kernel_test
+@pytest.mark.parametrize("pattern", list(HIDDEN_BLOCKS))
+@pytest.mark.parametrize("kind", ["bool", "additive"])
+def test_flash_v2_masked_key_blocks_then_very_negative_scores_forward_and_backward(pattern, kind) -> None:
+    """Whole key blocks hidden (first, several in a row, in the middle) before scores near -144: out and lse as
+    the float64 reference (NaN and +inf on the row that sees no key), and the backward, which reads that lse,
+    gives the reference's gradients. The additive mask hides keys with -inf."""
+    block = 64 if ON_GPU else 16
+    L, S, D = (96, 5 * block, 64) if ON_GPU else (5, 5 * block, 16)
+    rng = np.random.default_rng(len(pattern))
+    q, k, v, do, scale = _negative_scores(rng, L, S, D)
+    keep = _keep(L, S, block, HIDDEN_BLOCKS[pattern])
+    mask = None
+    if kind == "additive":
+        bias = np.where(keep, 0.5 * rng.standard_normal((L, S)), -np.inf).astype(np.float16)
+        mask = _device(bias)
+        keep = bias.astype(np.float64)  # the references take the additive mask as it is
+    _check_training(q, k, v, do, keep, scale, mask)
+
+
+@kernel_test
+def test_flash_v2_causal_bool_mask_with_a_hidden_first_block() -> None:
+    """A causal mask passed as a bool mask that also hides the first key block: rows of that block see no key
+    (NaN), later rows see only keys past it, every score near -144."""
+    block = 64 if ON_GPU else 16
+    L = S = 3 * block
+    D = 64 if ON_GPU else 16
+    rng = np.random.default_rng(5)
+    q, k, v, do, scale = _negative_scores(rng, L, S, D)
+    keep = np.tril(np.ones((L, S), bool))
+    keep[:, :block] = False
+    _check_training(q, k, v, do, keep, scale)
+
+
+@kernel_test
+def test_flash_v2_kernels_with_causal_and_a_mask_together() -> None:
+    """The kernels' CAUSAL and MASK_KIND specializations together (the op passes one or the other; the kernels
+    take both): a mask hiding the first two key blocks of every row under the causal structure."""
+    from xpuruntime.backends.triton import flash
+
+    block = 64 if ON_GPU else 16
+    L = S = 4 * block
+    D = 64 if ON_GPU else 16
+    rng = np.random.default_rng(6)
+    dev = "cuda" if ON_GPU else "cpu"
+    q, k, v, do, scale = (torch.as_tensor(f64(t), dtype=torch.float16, device=dev) if not isinstance(t, float) else t
+                          for t in _negative_scores(rng, L, S, D))  # fmt: skip
+    keep = np.ones((L, S), bool)
+    keep[:, : 2 * block] = False
+    keep[block + 3, 2 * block :] = False  # and a row that sees no key below the diagonal either
+    mask = torch.tensor(keep, device=dev).expand(1, 2, L, S)
+    fwd = flash.SMALL_FWD if INTERPRET else flash.FwdConfig(64, 64, 4, 2)
+    bwd = flash.SMALL_BWD if INTERPRET else flash.bwd_config(D, True)
+    out = torch.full_like(q, float("nan"))
+    lse = torch.empty(2 * L, dtype=torch.float32, device=dev)
+    flash.forward(q, k, v, out, lse, mask, True, scale, fwd)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    flash.backward(do, q, k, v, out, lse, mask, True, scale, dq, dk, dv, bwd)
+    both = keep & np.tril(np.ones((L, S), bool))
+    q64, k64, v64 = f64(q), f64(k), f64(v)
+    assert_close(out, attention_reference(q64, k64, v64, both, False, scale), "float16", 5e-3)
+    want_lse = lse_reference(q64, k64, both, False, scale).reshape(-1)
+    got_lse = f64(lse)
+    assert (np.isposinf(got_lse) == np.isposinf(want_lse)).all()
+    np.testing.assert_allclose(got_lse[np.isfinite(want_lse)], want_lse[np.isfinite(want_lse)], rtol=1e-4)
+    for got, want in zip((dq, dk, dv), gradients_reference(f64(do), q64, k64, v64, both, False, scale)):
+        assert_close(got, want, "float16", 1e-2)
 
 
 @pytest.mark.parametrize("kind", ["bool", "additive"])

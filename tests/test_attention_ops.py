@@ -22,7 +22,7 @@ from xpuruntime.ops.attention_forward import reference as forward_reference
 from xpuruntime.policy import current_policy
 
 TOL = {"float16": 5e-3, "float32": 1e-5, "float64": 1e-12}
-LSE_FLOOR = 1e-6  # backward reads the float32 logsumexp, so float64 gradients carry its rounding
+LSE_DTYPE = {"float16": np.float32, "float32": np.float32, "float64": np.float64}  # float64 gradients need float64
 
 
 def _inputs(rng, B, H, Hk, L, S, E, dtype, mask_kind=None, layout_bshd=False):
@@ -71,9 +71,9 @@ def test_forward_matches_reference(case) -> None:
     assert result is out
     _close(out, forward_reference(q, k, v, mask, None, causal, None, gqa), dtype, "out")
     want = lse_reference(q, k, mask, causal, None, gqa)
-    assert lse.dtype == np.float32 and lse.shape == (B, H, L)
-    _close(np.where(np.isinf(want), 0, lse), np.where(np.isinf(want), 0, want), "float32" if dtype != "float16"
-           else "float16", "lse")  # fmt: skip
+    assert lse.dtype == LSE_DTYPE[dtype] and lse.shape == (B, H, L)
+    _close(np.where(np.isinf(want), 0, lse), np.where(np.isinf(want), 0, want), "float32" if dtype == "float32"
+           else dtype, "lse")  # fmt: skip
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -88,8 +88,8 @@ def test_backward_matches_reference(case) -> None:
     dq, dk, dv = xrt.ops.attention_backward(do, q, k, v, out, lse, mask, causal, None, gqa, grads_out=packed)
     assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
     for got, want, name in zip((dq, dk, dv), gradients_reference(do, q, k, v, mask, causal, None, gqa), "qkv"):
-        _close(got, want, dtype, f"d{name}", LSE_FLOOR)
-    _close(packed, backward_reference(do, q, k, v, out, lse, mask, causal, None, gqa), dtype, "packed", LSE_FLOOR)
+        _close(got, want, dtype, f"d{name}")
+    _close(packed, backward_reference(do, q, k, v, out, lse, mask, causal, None, gqa), dtype, "packed")
 
 
 def test_gradient_reference_matches_finite_differences() -> None:
@@ -145,7 +145,62 @@ def test_property_forward_backward(B, heads, L, S, E, causal, dtype, seed) -> No
     do = rng.standard_normal(out.shape).astype(dtype)
     grads = xrt.ops.attention_backward(do, q, k, v, out, lse, None, causal, None, gqa)
     for got, want in zip(grads, gradients_reference(do, q, k, v, None, causal, None, gqa)):
-        _close(got, want, dtype, "grad", LSE_FLOOR)
+        _close(got, want, dtype, "grad")
+
+
+def _relative_errors(got, want) -> list[float]:
+    return [float(np.abs(np.asarray(g, np.float64) - w).max() / np.abs(w).max()) for g, w in zip(got, want)]
+
+
+@pytest.mark.parametrize("library", ["numpy", "torch"])
+@pytest.mark.parametrize("mask_kind", [None, "bool", "add"])
+def test_float64_gradients_keep_float64_precision(library, mask_kind) -> None:
+    """float64 inputs get a float64 logsumexp, so their gradients match the float64 reference to ~1e-15, not to
+    the ~1e-7 a float32 lse allowed (large scores: lse ~ 30, where float32 rounds by ~2e-6)."""
+    rng = np.random.default_rng(7)
+    q, k, v, mask = _inputs(rng, 2, 4, 2, 9, 11, 8, "float64", mask_kind)
+    q = q * 2.5
+    if mask_kind == "bool":
+        mask[0, 1, 3] = False  # a row that sees no key: no gradient
+    do = rng.standard_normal((2, 4, 9, 8))
+    args = (q, k, v, mask, do)
+    if library == "torch":
+        torch = pytest.importorskip("torch")
+        args = tuple(None if a is None else torch.from_numpy(a) for a in args)
+    out, lse = xrt.ops.attention_forward(*args[:4], enable_gqa=True)
+    assert str(lse.dtype).removeprefix("torch.") == "float64"
+    want_lse = lse_reference(q, k, mask, False, None, True)
+    finite = np.isfinite(want_lse)
+    assert (np.asarray(lse)[~finite] == np.inf).all()
+    assert np.abs(np.asarray(lse)[finite] - want_lse[finite]).max() <= 1e-13 * np.abs(want_lse[finite]).max()
+    grads = xrt.ops.attention_backward(args[4], *args[:3], out, lse, args[3], enable_gqa=True)
+    errors = _relative_errors(grads, gradients_reference(do, q, k, v, mask, False, None, True))
+    assert max(errors) < 1e-12, errors
+
+
+def test_float64_inputs_take_a_float32_lse_without_losing_precision() -> None:
+    """A float32 lse with float64 inputs (a caller that allocates float32 whatever the inputs) is accepted by both
+    ops; the backward renormalizes P's rows, so the gradients keep float64 precision. Other dtypes take float32
+    only."""
+    rng = np.random.default_rng(8)
+    q, k, v, _ = _inputs(rng, 1, 2, 2, 6, 7, 4, "float64")
+    q = q * 3.0
+    do = rng.standard_normal((1, 2, 6, 4))
+    lse32 = np.full((1, 2, 6), np.nan, np.float32)
+    out = run("attention_forward", (q, k, v, None, lse32), (True, None, False))
+    np.testing.assert_allclose(lse32, lse_reference(q, k, None, True), rtol=1e-6)
+    grads = xrt.ops.attention_backward(do, q, k, v, out, lse32, is_causal=True)
+    errors = _relative_errors(grads, gradients_reference(do, q, k, v, None, True))
+    assert max(errors) < 1e-12, errors
+    q32, k32, v32 = (t.astype(np.float32) for t in (q, k, v))
+    with pytest.raises(DTypeError, match=r"'lse'.*float32 \(for 'q' of dtype float32\)"):
+        run("attention_forward", (q32, k32, v32, None, np.zeros((1, 2, 6), np.float64)), (False, None, False))
+    out32, lse = xrt.ops.attention_forward(q32, k32, v32)
+    assert lse.dtype == np.float32
+    with pytest.raises(DTypeError, match="'lse'"):
+        xrt.ops.attention_backward(out32, q32, k32, v32, out32, lse.astype(np.float64))
+    with pytest.raises(DTypeError, match=r"'lse'.*float64 or float32"):
+        run("attention_forward", (q, k, v, None, np.zeros((1, 2, 6), np.float16)), (False, None, False))
 
 
 def test_errors_name_the_argument() -> None:

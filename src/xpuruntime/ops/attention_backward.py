@@ -2,8 +2,9 @@
 
 `attention_backward(grad_out, q, k, v, out, lse, attn_mask=None, is_causal=False, scale=None,
 enable_gqa=False)` returns `(dq, dk, dv)` with the shapes of q, k, v, where `out, lse` come from
-`attention_forward` with the same arguments. With grouped-query attention, dk and dv sum over the query
-heads that share a key/value head. A query row that saw no key (lse = +inf) contributes no gradient.
+`attention_forward` with the same arguments (lse float32, or float64 for float64 inputs: see
+`attention_forward`). With grouped-query attention, dk and dv sum over the query heads that share a
+key/value head. A query row that saw no key (lse = +inf) contributes no gradient.
 
 The kernel ABI has one output per op: the op's output is one flat array in q's dtype packing
 [dq | dk | dv] (each C-contiguous), and `out=` (`grads_out`) must be such an array. Without `out=`, a
@@ -24,10 +25,10 @@ import numpy as np
 
 from ..context import DispatchContext
 from ..dispatch import run
-from ..errors import DTypeError, ShapeError, argument_error
+from ..errors import ShapeError, argument_error
 from ..schema import OpSchema
 from .attention import check_dtypes
-from .attention_forward import expand_heads, normalize_training_attrs, scores_reference
+from .attention_forward import check_lse_dtype, expand_heads, normalize_training_attrs, scores_reference
 from .checks import require_dtype_like
 
 
@@ -51,8 +52,7 @@ def _infer_dtype(ctx: DispatchContext) -> str:
     dtype = check_dtypes(ctx)
     for name in ("grad_out", "out"):
         require_dtype_like(ctx, name, "q")
-    if ctx.tensor("lse").dtype != "float32":
-        raise argument_error(DTypeError, ctx.op, "lse", "float32", ctx.tensor("lse").dtype)
+    check_lse_dtype(ctx, dtype)
     return dtype
 
 

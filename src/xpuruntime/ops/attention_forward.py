@@ -1,12 +1,16 @@
 """attention_forward: attention that also returns the logsumexp backward needs (the training forward).
 
 `attention_forward(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=False)` returns
-`(out, lse)`: `out` as `attention` computes it, `lse` (float32, shape (*batch, L)) the natural-log
-logsumexp of each row of scaled, masked scores. A row that sees no key gets out = NaN (as the
-`attention` op) and lse = +inf, so `attention_backward` gives it no gradient.
+`(out, lse)`: `out` as `attention` computes it, `lse` (shape (*batch, L)) the natural-log logsumexp of
+each row of scaled, masked scores. A row that sees no key gets out = NaN (as the `attention` op) and
+lse = +inf, so `attention_backward` gives it no gradient.
+
+The lse dtype (`lse_dtype`): float32, except float64 for float64 inputs, so that float64 gradients keep
+float64 precision (a float32 lse rounds every P = exp(S - lse) of the backward by ~1e-7). A float32 lse is
+still accepted with float64 inputs (callers that allocate float32 whatever the inputs).
 
 The kernel ABI has one output per op, so the op's output is `out` and `lse` is an input buffer that the
-kernel fills (float32, contiguous, shape (*batch, L)); the front end allocates it. Unlike `attention`,
+kernel fills (contiguous, shape (*batch, L)); the front end allocates it. Unlike `attention`,
 k and v must have q's batch dims (no broadcasting), except that with enable_gqa=True their heads axis
 (-3) may divide q's (grouped-query attention: query head h reads key/value head h // (Hq // Hk)).
 """
@@ -58,16 +62,30 @@ def _normalize(ctx: DispatchContext) -> dict[str, Any]:
     lse = ctx.tensor("lse")
     want = (*at["batch"], at["L"])
     if lse.shape != want:
-        raise argument_error(ShapeError, ctx.op, "lse", f"a float32 buffer of shape {want}", f"shape {lse.shape}")
+        raise argument_error(ShapeError, ctx.op, "lse", f"a buffer of shape {want}", f"shape {lse.shape}")
     if lse.layout != "contiguous":
         raise argument_error(ShapeError, ctx.op, "lse", "a contiguous buffer", f"strides {lse.strides}")
     return at
 
 
+def lse_dtype(dtype: str) -> str:
+    """The logsumexp's dtype for inputs of `dtype`: float64 for float64 (gradients then keep float64 precision),
+    else float32."""
+    return "float64" if dtype == "float64" else "float32"
+
+
+def check_lse_dtype(ctx: DispatchContext, dtype: str) -> None:
+    """'lse' must have lse_dtype(dtype); float64 inputs also take a float32 lse (gradients float32-accurate)."""
+    got, want = ctx.tensor("lse").dtype, lse_dtype(dtype)
+    if got == want or (want == "float64" and got == "float32"):
+        return
+    accepted = want if want == "float32" else f"{want} or float32"
+    raise argument_error(DTypeError, ctx.op, "lse", f"{accepted} (for 'q' of dtype {dtype})", got)
+
+
 def _infer_dtype(ctx: DispatchContext) -> str:
     dtype = check_dtypes(ctx)
-    if ctx.tensor("lse").dtype != "float32":
-        raise argument_error(DTypeError, ctx.op, "lse", "float32", ctx.tensor("lse").dtype)
+    check_lse_dtype(ctx, dtype)
     return dtype
 
 
@@ -160,6 +178,7 @@ def attention_forward(
     with contextlib.suppress(TypeError, ValueError):  # the dispatcher names the bad argument
         q = as_array(q)
     shape = getattr(q, "shape", ())
-    lse = empty_like_backend(q, (*shape[:-2], shape[-2]) if len(shape) >= 2 else (0,), "float32")
+    dtype = lse_dtype(str(getattr(q, "dtype", "")).removeprefix("torch."))
+    lse = empty_like_backend(q, (*shape[:-2], shape[-2]) if len(shape) >= 2 else (0,), dtype)
     result = run("attention_forward", (q, k, v, attn_mask, lse), (is_causal, scale, enable_gqa), out)
     return result, lse

@@ -3,6 +3,10 @@
 Both materialize one batch entry's score matrix at a time (query rows x keys), in fp32 for fp16 inputs
 and in the input's precision otherwise. Grouped-query attention repeats each key/value head for its
 query heads and sums dk, dv back over them.
+
+The logsumexp is written in the lse buffer's dtype (float64 for float64 inputs, see the op) and read in
+the scores' precision. A float32 lse of float64 scores (a caller that allocated float32) would round every
+P = exp(S - lse) by ~1e-7; the backward then renormalizes P's rows, which restores float64 precision.
 """
 
 from __future__ import annotations
@@ -93,6 +97,9 @@ def attention_backward_math(args: ArgPack) -> None:
     with np.errstate(invalid="ignore", over="ignore"):
         p = np.exp(s - lse[..., None].astype(s.dtype))  # lse = +inf: the row contributes nothing
     p[np.isnan(p)] = 0.0
+    if lse.dtype.itemsize < s.dtype.itemsize:  # a float32 lse of float64 scores: rows of P sum to 1 +- 1e-7
+        sums = p.sum(axis=-1, keepdims=True)
+        np.divide(p, sums, out=p, where=sums > 0)
     delta = (do * out).sum(axis=-1, keepdims=True)
     delta[np.isinf(lse)] = 0.0  # out is NaN on rows that saw no key
     ds = p * (np.matmul(do, np.swapaxes(ve, -1, -2)) - delta)

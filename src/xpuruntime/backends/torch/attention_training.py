@@ -11,7 +11,8 @@ B4 H16 S2048, ms): D128 cuDNN 1.05, flash_v2 1.25, torch_flash 1.83; D64 causal 
 H16/4 D128 flash_v2 1.22, torch_flash 1.84. So auto takes cuDNN where it runs, else flash_v2, else
 torch_flash.
 
-The logsumexp. The op's `lse` is float32, contiguous, shape (*batch, L): the natural-log logsumexp of
+The logsumexp. The op's `lse` is float32 for the fp16/bf16 inputs these kernels take (float64 only for
+float64 inputs, which go to the CPU kernels), contiguous, shape (*batch, L): the natural-log logsumexp of
 each row of scaled, masked scores (flash_v2 and the CPU kernel write the same). The backends' formats:
 - flash: [B, H, L] float32, natural log of the scaled scores: the op's format as it is.
 - cuDNN: [B, H, L, 1] float32 ("softmax stats", natural log of the scaled scores): the same values with a

@@ -89,9 +89,7 @@ def _fwd_step(
             qk = tl.where(rows[:, None] >= cols[None, :], qk, float("-inf"))
         if BOUNDS:
             qk = tl.where(cols[None, :] < S, qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        if MASK_KIND != 0:  # a row may have seen no key yet: keep exp2 finite
-            m_new = tl.where(m_new == float("-inf"), 0.0, m_new)
+        m_new = tl.maximum(m_i, tl.max(qk, 1))  # masked calls: >= FLOAT32_LOWEST, see _fwd_kernel
         p = tl.exp2(qk - m_new[:, None])
     else:
         m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
@@ -157,7 +155,16 @@ def _fwd_kernel(
     k_base = K + b * skb + hk * skh
     v_base = V + b * svb + hk * svh
     m_base = M + b * smb + h * smh
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    if MASK_KIND == 0:  # every row sees key 0 in its first key block: the running max is finite from there on
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    else:
+        # A user mask may hide every key of a row for one or more key blocks (or all of them). The running max
+        # starts at the lowest finite float32 instead of -inf: it is below every finite score, so it is the true
+        # row max as soon as the row sees a key (a later block of very negative scores is shifted by its own
+        # max), and exp2(qk - m) and exp2(m_i - m_new) never meet (-inf) - (-inf) while a row has seen nothing
+        # (p = exp2(-inf) = 0, alpha = 1 with l_i = acc = 0). No per-block select; a row that never sees a key
+        # keeps l_i = 0: out = 0/0 = NaN and lse = +inf.
+        m_i = tl.full([BLOCK_M], -3.4028234663852886e38, tl.float32)  # FLOAT32_LOWEST
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     if CAUSAL:
