@@ -46,7 +46,7 @@ NO_REFERENCE_CHECK = {  # the reference recomputes saved tensors that random inp
     "attention_backward": "out and lse must come from attention_forward of the same q, k, v",
 }
 # Known gaps, reported to their owners: these still run (a fix turns them into passes).
-FRONT_END_GAPS = {"split_weight_grad": "a plain helper with no argument checks (raw NumPy errors)"}
+FRONT_END_GAPS: dict[str, str] = {}
 OP_EXAMPLES = 1500  # per op; with the front-end test's, CI runs about 1800 calls of each op
 CPU_BACKEND = "cpu"
 

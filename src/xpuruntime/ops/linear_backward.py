@@ -12,13 +12,16 @@
 from __future__ import annotations
 
 import math
+import operator
 from typing import Any
 
 import numpy as np
 
+from ..abi import TensorSpec
+from ..arrays import SCALAR_TYPES, as_array
 from ..context import DispatchContext
 from ..dispatch import run
-from ..errors import ArgumentError, ShapeError, argument_error
+from ..errors import ArgumentError, ShapeError, argument_error, clip
 from ..schema import OpSchema
 from .checks import require_dtype_like, require_float, require_ndim
 from .linear import activation_grad, check_activation, weight_shape
@@ -130,6 +133,43 @@ def linear_grad_weight(dy: Any, x: Any, bias: bool = False, *, out: Any = None) 
     return run("linear_grad_weight", (dy, x), (bias,), out)
 
 
+SPLIT = "split_weight_grad"
+
+
+def _size_argument(name: str, value: Any) -> int:
+    """A dimension size: a non-negative int (NumPy integers too; no bools, floats or arrays of several)."""
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        size = operator.index(value)
+    except (TypeError, ValueError):
+        raise argument_error(ArgumentError, SPLIT, name, "a non-negative int", clip(value)) from None
+    if size < 0:
+        raise argument_error(ArgumentError, SPLIT, name, "a non-negative int", size)
+    return size
+
+
+def _packed_argument(grad: Any, n: int, k: int) -> Any:
+    """`grad` as an array (array-likes converted as every op converts them), 1-d with n*k + n elements."""
+    if grad is None or type(grad) in SCALAR_TYPES or isinstance(grad, TensorSpec):
+        got = "None" if grad is None else type(grad).__name__
+        raise argument_error(ArgumentError, SPLIT, "grad", "an array (linear_grad_weight's result, bias=True)", got)
+    try:
+        grad = as_array(grad)
+    except (TypeError, ValueError) as exc:
+        raise argument_error(ArgumentError, SPLIT, "grad", "an array", f"{type(grad).__name__}: {exc}") from None
+    expected = f"a 1-d array of n*k + n = {n * k + n} elements (dW then db, as linear_grad_weight packs them)"
+    if grad.ndim != 1:
+        raise argument_error(ShapeError, SPLIT, "grad", expected, f"{grad.ndim}-d shape {tuple(grad.shape)}")
+    if grad.shape[0] != n * k + n:
+        hint = " (dW alone: linear_grad_weight's result with bias=False?)" if grad.shape[0] == n * k else ""
+        raise argument_error(ShapeError, SPLIT, "grad", expected, f"{grad.shape[0]} elements{hint}")
+    return grad
+
+
 def split_weight_grad(grad: Any, n: int, k: int) -> tuple[Any, Any]:
-    """(dW (n, k), db (n,)) views of linear_grad_weight(..., bias=True)'s packed result."""
+    """(dW (n, k), db (n,)) views of linear_grad_weight(..., bias=True)'s packed result (any dtype; a
+    NumPy array or a tensor, whose views come back as the same type)."""
+    n, k = _size_argument("n", n), _size_argument("k", k)
+    grad = _packed_argument(grad, n, k)
     return grad[: n * k].reshape(n, k), grad[n * k :]

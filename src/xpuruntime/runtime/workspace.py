@@ -1,7 +1,8 @@
 """Workspace manager: lends a kernel the scratch memory its workspace-size function asked for.
 
 One buffer per (thread, device, stream) is kept and grown on demand, so concurrent dispatches never share
-scratch memory and a steady workload allocates nothing after warm-up.
+scratch memory and a steady workload allocates nothing after warm-up. Buffers and views are per thread and
+need no lock; the statistics are shared by every thread and change only under the manager's lock.
 """
 
 from __future__ import annotations
@@ -14,8 +15,12 @@ MAX_VIEWS = 256  # cached views per thread (one per stream, device and size)
 
 
 class WorkspaceManager:
+    """Lends per-(thread, device, stream) scratch buffers. `peak_bytes` is the largest buffer it has
+    allocated (any thread); read it freely, it only ever grows, under `_stats_lock`."""
+
     def __init__(self) -> None:
         self._local = threading.local()
+        self._stats_lock = threading.Lock()  # guards the statistics, shared by all threads (growth path only)
         self.peak_bytes = 0
 
     def lend(self, nbytes: int, device: str, empty: Callable[..., Any], stream: Any = None) -> Any:
@@ -44,8 +49,15 @@ class WorkspaceManager:
         buffer = buffers.get(key)
         if buffer is None or buffer.shape[0] < nbytes:
             buffer = buffers[key] = empty((nbytes,), "uint8", device, stream)
-            self.peak_bytes = max(self.peak_bytes, nbytes)
+            self._record_allocation(nbytes)
             views = self._local.views
             for old in [k for k, (s, _) in views.items() if s == stream and k[1] == device]:
                 del views[old]
         return buffer[:nbytes]
+
+    def _record_allocation(self, nbytes: int) -> None:
+        """Update the statistics for a newly allocated buffer: the read-compare-write of the peak is one
+        step for every thread (without the lock, a smaller size could overwrite a larger one)."""
+        with self._stats_lock:
+            if nbytes > self.peak_bytes:
+                self.peak_bytes = nbytes

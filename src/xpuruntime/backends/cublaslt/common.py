@@ -6,6 +6,11 @@ calls cuBLASLt's matmul with the plan's descriptors, the runtime's workspace and
 directly (measured on the H100 host: ~17 µs per call, like torch.matmul's ~17-18 µs); where that is
 not possible it falls back to nvmath's `reset_operands_unchecked` + `execute` (~51 µs there).
 
+Plans are shared by every stream and thread, so scratch memory never belongs to a plan: a raw launch
+uses the workspace the dispatcher lent for its stream, or (lent none, or too small a one) a buffer of
+`FALLBACK_WORKSPACES`, also one per (thread, device, stream). nvmath's execute() keeps one workspace per
+Matmul object, so a plan orders an execute on one stream after its previous execute on another.
+
 Plans are keyed by everything cuBLASLt's heuristic saw: the call signature (shapes, strides, dtypes,
 device, epilogue, compute type: one token per dispatcher plan, made by the launch-config function)
 and each pointer's alignment class (nvmath tells the heuristic how aligned the planning call's
@@ -22,6 +27,7 @@ from typing import Any
 
 from ...abi import LaunchConfig, MathMode, TensorSpec
 from ...context import DispatchContext
+from ...runtime.workspace import WorkspaceManager
 
 DTYPES = frozenset({"float16", "bfloat16", "float32"})
 ALIGNMENT = 16  # bytes: cuBLASLt's vectorized kernels need 16-byte aligned pointers and leading dims
@@ -210,13 +216,37 @@ class PlanCache:
 PLANS = PlanCache()
 
 
-def stream_handle(stream: Any) -> int:
-    """A raw cudaStream_t from a torch stream (or the current one)."""
+def resolve_stream(stream: Any) -> Any:
+    """`stream`, or the current torch stream for None."""
     if stream is None:
         import torch
 
         stream = torch.cuda.current_stream()
-    return int(stream.cuda_stream)
+    return stream
+
+
+def stream_handle(stream: Any) -> int:
+    """A raw cudaStream_t from a torch stream (or the current one)."""
+    return int(resolve_stream(stream).cuda_stream)
+
+
+# Scratch for raw launches the dispatcher lent no workspace, or too small a one: one buffer per (thread,
+# device, stream), grown on demand and shared by every plan, never by two streams.
+FALLBACK_WORKSPACES = WorkspaceManager()
+
+
+def empty_on_stream(shape: tuple[int, ...], dtype: str, device: str, stream: Any) -> Any:
+    """A uint8 buffer allocated on `stream` itself: when a grown buffer replaces it, the caching allocator
+    hands its memory out again only in that stream's order (the only stream that used it)."""
+    import torch
+
+    with torch.cuda.stream(stream):
+        return torch.empty(shape, dtype=torch.uint8, device=device)
+
+
+def fallback_workspace(nbytes: int, device: str, stream: Any) -> Any:
+    """`nbytes` of scratch for work queued on `stream` (a resolved stream, not None)."""
+    return FALLBACK_WORKSPACES.lend(nbytes, device, empty_on_stream, stream)
 
 
 class GemmPlan:
@@ -230,10 +260,12 @@ class GemmPlan:
     def __init__(self, a: Any, b: Any, c: Any, epilog: str | None, epilog_inputs: dict | None,
                  compute_type: str | None, stream: Any, raw: bool = True, ab_only: bool = True) -> None:  # fmt: skip
         self.epilog = epilog
-        self.device = c.device  # where its own workspace goes, if a launch is lent none
+        self.device = str(c.device)  # where a fallback workspace goes, if a launch is lent none
         self._lock = threading.Lock()
         self._pointers: dict[str, int] = {}
-        self._own_workspace = None
+        # streams of nvmath's own workspace (execute() path): where it was allocated, where it was last used
+        self._alloc_stream: Any = None
+        self._exec_stream: Any = None
         self.mm, self.raw, self.inplace = None, False, False
         if raw and ab_only:
             mm = self._make(a, b, None, epilog, epilog_inputs, compute_type, stream)
@@ -300,9 +332,12 @@ class GemmPlan:
     def launch(self, a_ptr: int, b_ptr: int, c_ptr: int, bias_ptr: int = 0, aux_ptr: int = 0,
                workspace: Any = None, stream: Any = None) -> None:  # fmt: skip
         """The hot path (raw plans only): cuBLASLt matmul on raw pointers. `bias_ptr` is the bias input or
-        the bias-gradient output, `aux_ptr` the GELU input; 0 where the epilogue has none."""
-        if workspace is None or workspace.numel() < self.workspace_size:
-            workspace = self._workspace()
+        the bias-gradient output, `aux_ptr` the GELU input; 0 where the epilogue has none. `workspace`
+        must be scratch for `stream` alone (the dispatcher lends one per stream); without one large
+        enough the launch takes `stream`'s fallback buffer, never one that another stream uses."""
+        if self.workspace_size and (workspace is None or workspace.numel() < self.workspace_size):
+            stream = resolve_stream(stream)
+            workspace = fallback_workspace(self.workspace_size, self.device, stream)
         handle, desc, alpha, a_layout, b_layout, beta, c_layout, d_layout, algo = self._args
         with self._lock:
             if bias_ptr:
@@ -314,25 +349,31 @@ class GemmPlan:
                          workspace.data_ptr() if self.workspace_size else 0, self.workspace_size,
                          stream_handle(stream))  # fmt: skip
 
-    def _workspace(self) -> Any:
-        if self._own_workspace is None:
-            import torch
-
-            self._own_workspace = torch.empty(max(self.workspace_size, 1), dtype=torch.uint8, device=self.device)
-        return self._own_workspace
-
     def _execute(self, a: Any, b: Any, c: Any, bias: Any, aux: Any, bgrad: Any, stream: Any) -> None:
-        """nvmath's own path: swap operands, execute (it allocates its workspace and epilogue outputs)."""
+        """nvmath's own path: swap operands, execute (it allocates its workspace and epilogue outputs).
+
+        nvmath keeps one workspace per Matmul and leaves ordering between streams to the caller: an
+        execute on another stream than the previous one first waits for the work queued on that one."""
         inputs = {}
         if bias is not None:
             inputs["bias"] = bias
         if aux is not None:
             inputs["gelu_aux"] = aux
+        stream = resolve_stream(stream)
         with self._lock:
+            if self._exec_stream is None:
+                self._alloc_stream = stream  # nvmath allocates its workspace on the first execute's stream
+            elif self._exec_stream != stream:
+                stream.wait_stream(self._exec_stream)
+            self._exec_stream = stream
             self.mm.reset_operands_unchecked(a=a, b=b, c=c, epilog_inputs=inputs or None, stream=stream)
             result = self.mm.execute(stream=stream)
         if bgrad is not None:
             bgrad.copy_(result[1][self.epilog.lower()].reshape(bgrad.shape))
 
     def free(self) -> None:
-        self.mm.free()
+        with self._lock:
+            if self._exec_stream is not None and self._exec_stream != self._alloc_stream:
+                # the workspace returns to its allocation stream's pool: reuse there must wait for its last use
+                self._alloc_stream.wait_stream(self._exec_stream)
+            self.mm.free()
