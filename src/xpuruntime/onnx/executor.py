@@ -35,7 +35,7 @@ ALWAYS_STATIC = frozenset({"Shape", "Size"})
 # node inputs whose values set the shape of the node's output: fed by a value that is not constant for the
 # signature (a graph input's values, say), the output's shape can change from run to run of one plan
 SHAPE_INPUTS = {
-    "Reshape": (1,), "Expand": (1,), "Tile": (1,), "Slice": (1, 2, 3, 4), "Range": (0, 1, 2),
+    "Reshape": (1,), "Expand": (1,), "Tile": (1, 2), "Slice": (1, 2, 3, 4), "Range": (0, 1, 2),
     "ConstantOfShape": (0,), "Squeeze": (1,), "Unsqueeze": (1,), "Split": (1,),
     **{f"Reduce{op}": (1,) for op in ("Sum", "Mean", "Max", "Min", "Prod", "L1", "L2", "SumSquare", "LogSum",
                                       "LogSumExp")},

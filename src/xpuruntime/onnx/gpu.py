@@ -18,13 +18,13 @@ import numpy as np
 
 from ..errors import DTypeError, XpuRuntimeError
 from ..graph.ir import Node
-from .errors import InputFeedError, UnsupportedModelError
+from .errors import UnsupportedModelError
 from .executor import ExecutionPlan, Planner, Step
 from .lowering import XRT_DOMAIN, dtype_name
 from .session import check_shape
 
 if TYPE_CHECKING:
-    from .session import InferenceSession
+    from .session import GraphVariant, InferenceSession
 
 try:
     import torch
@@ -35,7 +35,7 @@ except ImportError:  # the CPU path never imports this module
 # inputs read as host values (shapes, axes, bounds): op -> input indices
 HOST_INPUTS = {
     "Reshape": {1}, "Expand": {1}, "Slice": {1, 2, 3, 4}, "Squeeze": {1}, "Unsqueeze": {1}, "Split": {1},
-    "Tile": {1}, "ReduceSum": {1}, "ReduceMean": {1}, "ReduceMax": {1}, "ReduceMin": {1}, "ReduceProd": {1},
+    "Tile": {1, 2}, "ReduceSum": {1}, "ReduceMean": {1}, "ReduceMax": {1}, "ReduceMin": {1}, "ReduceProd": {1},
     "ConstantOfShape": {0}, "Range": {0, 1, 2},
 }  # fmt: skip
 
@@ -243,7 +243,7 @@ def _builders() -> dict[str, Callable[[Node, int], Callable]]:
         attr_split = node.attrs.get("split")
 
         def run(x: Any, sizes: Any = None) -> tuple:
-            parts = _ints(sizes) if opset >= 13 else list(attr_split or [])
+            parts = _ints(sizes) if sizes is not None else list(attr_split or [])  # Split-1 takes either
             n = x.shape[axis]
             if not parts:
                 chunk = -(-n // (num or count))
@@ -290,6 +290,14 @@ def _builders() -> dict[str, Callable[[Node, int], Callable]]:
         return lambda x, shape: x.expand(torch.broadcast_shapes(tuple(x.shape), tuple(_ints(shape))))
 
     def tile(node: Node, opset: int) -> Callable:
+        if opset < 6:  # Tile-1: `tiles` copies along one `axis`, both inputs
+
+            def along(x: Any, tiles: Any, axis: Any) -> Any:
+                repeats = [1] * x.dim()
+                repeats[_ints(axis)[0] % x.dim()] = _ints(tiles)[0]
+                return x.repeat(*repeats)
+
+            return along
         return lambda x, repeats: x.repeat(*_ints(repeats))
 
     def range_(node: Node, opset: int) -> Callable:
@@ -530,51 +538,53 @@ class GpuRunner:
         wide_unsigned = sorted(d for d in dtypes if d in ("uint16", "uint32", "uint64"))
         if wide_unsigned:
             raise UnsupportedModelError(f"dtypes without GPU support in PyTorch: {', '.join(wide_unsigned)}")
-        self.constants: dict[str, Any] = {}
+        self.constants: dict[frozenset, dict[str, Any]] = {}  # per graph variant: passes name constants per graph
         self.fns: dict[int, Callable] = {}
         self.entries: dict[tuple, _Entry] = {}
 
-    def feeds(self, input_feed: Any) -> tuple[list[Any], bool]:
-        """Device tensors in graph order, and whether the caller passed NumPy (then results go back as NumPy)."""
+    def feeds(self, input_feed: Any) -> tuple[GraphVariant, list[Any], bool]:
+        """The graph variant for the names fed, device tensors in its input order, and whether the caller
+        passed NumPy (then results go back as NumPy)."""
         session = self.session
         values = list(input_feed.values()) if hasattr(input_feed, "values") else []
         if values and all(isinstance(v, torch.Tensor) for v in values):
-            names = [v.name for v in session._inputs]
-            missing = [n for n in names if n not in input_feed]
-            if missing or set(input_feed) - set(names):
-                raise InputFeedError(f"run: expected inputs {names}, got {sorted(input_feed)}")
+            variant = session.variant_for(input_feed)
             feeds, symbols = [], {}
-            for v in session._inputs:
+            for v in variant.inputs:
                 t = input_feed[v.name]
                 if v.dtype is not None and dtype_name(t) != v.dtype:
                     raise DTypeError(f"run: input '{v.name}' expected dtype {v.dtype}, got {dtype_name(t)}")
                 check_shape(v, tuple(t.shape), symbols)
                 feeds.append(t.to(self.device).contiguous())
-            return feeds, False
-        arrays = session.check_feed(input_feed)
-        return [torch.from_numpy(a).to(self.device, non_blocking=True) for a in arrays], True
+            return variant, feeds, False
+        variant, arrays = session.variant_feeds(input_feed)
+        return variant, [torch.from_numpy(a).to(self.device, non_blocking=True) for a in arrays], True
 
     def run(self, input_feed: Any) -> list:
-        feeds, numpy_out = self.feeds(input_feed)
+        variant, feeds, numpy_out = self.feeds(input_feed)
         policy = self.session.policy
         from ..policy import current_policy
 
-        key = ((policy or current_policy()).fingerprint, *[(t.dtype, tuple(t.shape)) for t in feeds])
+        key = ((policy or current_policy()).fingerprint, variant.fed, *[(t.dtype, tuple(t.shape)) for t in feeds])
         entry = self.entries.get(key)
         if entry is None:
-            entry = self.entries[key] = self._build(feeds)
+            entry = self.entries[key] = self._build(variant, feeds)
             outputs = entry.first
             entry.first = None
         else:
             outputs = entry.run(feeds)
         return [o.cpu().numpy() if numpy_out and hasattr(o, "cpu") else o for o in outputs]
 
-    def _build(self, feeds: list[Any]) -> _Entry:
+    def _build(self, variant: GraphVariant, feeds: list[Any]) -> _Entry:
         session = self.session
+        missing = sorted({n.op for n in variant.graph.nodes if n.domain != XRT_DOMAIN and n.op not in TORCH_OPS})
+        if missing:
+            raise UnsupportedModelError(f"ops without a GPU implementation: {', '.join(missing)}")
+        constants = self.constants.setdefault(variant.fed, {})
         with session._policy_scope():
-            planner = GpuPlanner(session.graph, session.dispatcher, self.fns, False, device=self.device,
-                                 constants=self.constants)  # fmt: skip
-            plan, outputs = planner.build({v.name: t for v, t in zip(session._inputs, feeds)})
+            planner = GpuPlanner(variant.graph, session.dispatcher, self.fns, False, device=self.device,
+                                 constants=constants)  # fmt: skip
+            plan, outputs = planner.build({v.name: t for v, t in zip(variant.inputs, feeds)})
         entry = _Entry(plan, [o.clone() if hasattr(o, "clone") else o for o in outputs])
         if session.options.enable_cuda_graph and self.device.type == "cuda" and not plan.varying:
             entry.capture(feeds)

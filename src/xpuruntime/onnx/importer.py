@@ -16,6 +16,7 @@ from onnx import helper, numpy_helper
 
 from ..graph.ir import Dim, Graph, GraphError, Node, Value
 from .errors import ModelLoadError, UnsupportedModelError
+from .legacy import upgrade
 from .opmap import SUPPORTED
 
 MIN_OPSET = 1
@@ -54,6 +55,8 @@ def load_model(source: Any) -> onnx.ModelProto:
 
 def dtype_name(elem_type: int) -> str:
     """ONNX TensorProto element type -> NumPy dtype name ('bfloat16', 'string', ... for the unsupported)."""
+    if elem_type == onnx.TensorProto.STRING:
+        return "string"  # NumPy would say 'object'
     try:
         return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type)).name
     except Exception:
@@ -125,6 +128,32 @@ def _tensor(init: onnx.TensorProto, base_dir: str | None) -> np.ndarray:
     return array
 
 
+def cast_target(to: Any) -> str:
+    """A Cast's `to` as a dtype name: an ONNX element type, or (Cast-1 to Cast-5) its name, such as 'FLOAT'."""
+    if isinstance(to, str):
+        try:
+            return dtype_name(onnx.TensorProto.DataType.Value(to.upper()))
+        except ValueError:
+            return to  # not a type name: reported as unsupported, as it is written
+    return dtype_name(int(to or 0))
+
+
+def overridable_initializers(model: onnx.ModelProto, graph: Graph) -> list[Value]:
+    """The initializers a feed may replace, with their declared types, in graph-input order: from IR version
+    4, those also listed among the graph's inputs (as in onnxruntime; before, initializers are constants)."""
+    if model.ir_version < 4:
+        return []
+    names = {init.name for init in model.graph.initializer}  # not a Constant node's output
+    found: list[Value] = []
+    for info in model.graph.input:
+        array = graph.initializers.get(info.name)
+        if array is None or info.name not in names or any(v.name == info.name for v in found):
+            continue
+        declared = _value(info)
+        found.append(Value(info.name, declared.dtype or array.dtype.name, declared.shape))
+    return found
+
+
 def opset_of(model: onnx.ModelProto) -> int:
     versions = [o.version for o in model.opset_import if o.domain in DEFAULT_DOMAINS]
     if not versions:
@@ -169,6 +198,7 @@ def import_model(model: onnx.ModelProto, base_dir: str | None = None) -> Graph:
             graph.initializers[node.outputs[0]] = _checked_constant(node)
         else:
             graph.nodes.append(node)
+    upgrade(graph, model)
     graph.verify()
     return graph
 
@@ -207,8 +237,8 @@ def _check_supported(nodes: list[Node], inputs: list[Value], outputs: list[Value
             problems.setdefault(f"{node.domain}.{node.op} (domain '{node.domain}')", []).append(node.name)
         elif node.op not in SUPPORTED:
             problems.setdefault(node.op, []).append(node.name)
-        elif node.op == "Cast" and dtype_name(int(node.attrs.get("to", 0))) not in SUPPORTED_DTYPES:
-            problems.setdefault(f"Cast to {dtype_name(int(node.attrs.get('to', 0)))}", []).append(node.name)
+        elif node.op == "Cast" and cast_target(node.attrs.get("to")) not in SUPPORTED_DTYPES:
+            problems.setdefault(f"Cast to {cast_target(node.attrs.get('to'))}", []).append(node.name)
         else:
             for key, value in node.attrs.items():
                 if isinstance(value, str) and value == "<subgraph>":
@@ -226,4 +256,4 @@ def _check_supported(nodes: list[Node], inputs: list[Value], outputs: list[Value
         raise UnsupportedModelError(f"the session cannot run this model: unsupported {listing}")
     for node in nodes:
         if node.op == "Cast":
-            node.attrs["to"] = dtype_name(int(node.attrs["to"]))
+            node.attrs["to"] = cast_target(node.attrs["to"])

@@ -371,7 +371,7 @@ def _split(node: Node, opset: int) -> Fn:
 
     def run(x: np.ndarray, split: np.ndarray | None = None) -> tuple:
         ax = _axis("Split", axis, x.ndim)
-        sizes = _ints(split) if opset >= 13 else list(attr_split or ())
+        sizes = _ints(split) if split is not None else list(attr_split or ())  # Split-1 takes either
         n = x.shape[ax]
         if not sizes:
             parts = num_outputs or count
@@ -433,6 +433,14 @@ def _expand(node: Node, opset: int) -> Fn:
 
 @op("Tile")
 def _tile(node: Node, opset: int) -> Fn:
+    if opset < 6:  # Tile-1: `tiles` copies along one `axis`, both inputs
+
+        def along(x: np.ndarray, tiles: np.ndarray, axis: np.ndarray) -> np.ndarray:
+            repeats = [1] * x.ndim
+            repeats[_axis("Tile", _ints(axis)[0], x.ndim)] = _ints(tiles)[0]
+            return np.tile(x, repeats)
+
+        return along
     return lambda x, repeats: np.tile(x, _ints(repeats))
 
 

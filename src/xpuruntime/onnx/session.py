@@ -2,6 +2,11 @@
 
 sess = xrt.InferenceSession("model.onnx", policy="matmul=numpy_blas")
 (logits,) = sess.run(None, {"input_ids": ids, "attention_mask": mask})
+
+Initializers a feed may replace (IR version 4 and later: those also listed among the graph's inputs, as
+in onnxruntime; `get_overridable_initializers()`) are constants of the optimized graph while no run feeds
+them. A run that feeds some of them uses a variant of the graph, optimized once per set of fed names, in
+which those are inputs: nothing folded, fused or packed from their defaults is used for a fed value.
 """
 
 from __future__ import annotations
@@ -19,12 +24,12 @@ import numpy as np
 
 from ..dispatch import Dispatcher, default_dispatcher
 from ..errors import ArgumentError, DTypeError, ShapeError
-from ..graph.ir import Value
+from ..graph.ir import Graph, Value
 from ..graph.passes import PassRecord, optimize
 from ..policy import KernelPolicy, as_policy, current_policy, kernel_policy
 from .errors import InputFeedError
 from .executor import ExecutionPlan, Planner
-from .importer import import_model, load_model
+from .importer import import_model, load_model, overridable_initializers
 from .options import GraphOptimizationLevel, SessionOptions
 
 _ONNX_TYPE = {
@@ -48,6 +53,16 @@ def _node_arg(v: Value) -> NodeArg:
     return NodeArg(v.name, shape, f"tensor({_ONNX_TYPE.get(v.dtype or '', v.dtype or 'unknown')})")
 
 
+@dataclass(frozen=True)
+class GraphVariant:
+    """The optimized graph a run uses: `fed` names the overridable initializers the run feeds (inputs
+    here, after the model's own inputs); `inputs` is the graph's inputs, in the order feeds are passed."""
+
+    fed: frozenset[str]
+    graph: Graph
+    inputs: tuple[Value, ...]
+
+
 class InferenceSession:
     """Runs an ONNX model with kernels chosen by the selector (onnxruntime-style API)."""
 
@@ -69,10 +84,13 @@ class InferenceSession:
         model = load_model(path_or_bytes)
         base_dir = os.path.dirname(os.fspath(path_or_bytes)) if isinstance(path_or_bytes, str | os.PathLike) else None
         self.original = import_model(model, base_dir)
+        self._ir_version = int(model.ir_version)
+        self._overridable = overridable_initializers(model, self.original)
         level = self.options.graph_optimization_level
         self.graph, self.pass_summary = optimize(self.original, level, self.dispatcher, self.device)
         self._inputs = list(self.original.inputs)
         self._outputs = list(self.original.outputs)
+        self._variants = {frozenset(): GraphVariant(frozenset(), self.graph, tuple(self.graph.inputs))}
         self._fns: dict[int, Any] = {}
         self._plans: dict[tuple, ExecutionPlan] = {}
         self._lock = threading.Lock()
@@ -94,6 +112,10 @@ class InferenceSession:
     def get_outputs(self) -> list[NodeArg]:
         return [_node_arg(v) for v in self._outputs]
 
+    def get_overridable_initializers(self) -> list[NodeArg]:
+        """Initializers a feed may replace (listed among the graph's inputs, IR version 4 and later)."""
+        return [_node_arg(v) for v in self._overridable]
+
     def get_providers(self) -> list[str]:
         return ["CUDAExecutionProvider"] if self.device != "cpu" else ["CPUExecutionProvider"]
 
@@ -103,8 +125,8 @@ class InferenceSession:
         if self._backend is not None:
             results = self._backend.run(input_feed)
         else:
-            feeds = self.check_feed(input_feed)
-            plan, first = self._plan_for(feeds)
+            variant, feeds = self.variant_feeds(input_feed)
+            plan, first = self._plan_for(variant, feeds)
             if first is not None:
                 results = first
             else:
@@ -118,41 +140,79 @@ class InferenceSession:
     def _policy_scope(self) -> Any:
         return kernel_policy(self.policy) if self.policy is not None else contextlib.nullcontext()
 
-    def _plan_for(self, feeds: list[np.ndarray]) -> tuple[ExecutionPlan, list | None]:
+    def _plan_for(self, variant: GraphVariant, feeds: list[np.ndarray]) -> tuple[ExecutionPlan, list | None]:
         policy = self.policy or current_policy()
-        key = (policy.fingerprint, *[(a.dtype, a.shape) for a in feeds])
+        key = (policy.fingerprint, variant.fed, *[(a.dtype, a.shape) for a in feeds])
         plan = self._plans.get(key)
         if plan is not None:
             return plan, None
         with self._lock, self._policy_scope():
-            planner = Planner(self.graph, self.dispatcher, self._fns, self.options.enable_mem_reuse)
-            plan, outputs = planner.build({v.name: a for v, a in zip(self._inputs, feeds)})
+            planner = Planner(variant.graph, self.dispatcher, self._fns, self.options.enable_mem_reuse)
+            plan, outputs = planner.build({v.name: a for v, a in zip(variant.inputs, feeds)})
             self._plans[key] = plan
         return plan, outputs
 
     def plan(self, input_feed: Mapping[str, Any]) -> ExecutionPlan:
         """The execution plan for these inputs' signature (made and cached on first use)."""
-        return self._plan_for(self.check_feed(input_feed))[0]
+        return self._plan_for(*self.variant_feeds(input_feed))[0]
 
     def check_feed(self, input_feed: Mapping[str, Any]) -> list[np.ndarray]:
-        """Inputs in graph order as contiguous arrays; errors name the input and what was expected."""
+        """Inputs in graph order as contiguous arrays (fed initializers after the model's inputs); errors
+        name the input and what was expected."""
+        return self.variant_feeds(input_feed)[1]
+
+    def variant_feeds(self, input_feed: Mapping[str, Any]) -> tuple[GraphVariant, list[np.ndarray]]:
+        """The graph variant for the names fed, and the feeds checked against it, in its input order."""
+        variant = self.variant_for(input_feed)
+        feeds, symbols = [], {}
+        for v in variant.inputs:
+            feeds.append(_check_input(v, input_feed[v.name], symbols))
+        return variant, feeds
+
+    def variant_for(self, input_feed: Mapping[str, Any]) -> GraphVariant:
+        """Check the names fed (unknown, missing, constant initializers) and pick the graph variant."""
         if not isinstance(input_feed, Mapping):
             raise InputFeedError(f"run: input_feed expected a dict of name -> array, got {type(input_feed).__name__}")
         names = [v.name for v in self._inputs]
-        unknown = sorted(set(input_feed) - set(names))
+        overridable = [v for v in self._overridable if v.name in input_feed]
+        unknown = sorted(set(input_feed) - set(names) - {v.name for v in overridable})
         constants = [n for n in unknown if n in self.original.initializers]
         if constants:
-            raise InputFeedError(f"run: {constants} are initializers, constants of this session that a feed cannot "
-                                 f"override; the model's inputs are {names}")  # fmt: skip
+            which = ", ".join(f"'{n}'" for n in constants)
+            what = "is an initializer" if len(constants) == 1 else "are initializers"
+            raise InputFeedError(f"run: {which} {what} that a feed cannot override ({self._why_constant()}); "
+                                 f"the model's inputs are {names}, and its overridable initializers "
+                                 f"{[v.name for v in self._overridable]}")  # fmt: skip
         if unknown:
             raise InputFeedError(f"run: unknown input(s) {unknown}; the model's inputs are {names}")
         missing = [n for n in names if n not in input_feed]
         if missing:
             raise InputFeedError(f"run: missing input(s) {missing}; the model's inputs are {names}")
-        feeds, symbols = [], {}
-        for v in self._inputs:
-            feeds.append(_check_input(v, input_feed[v.name], symbols))
-        return feeds
+        fed = frozenset(v.name for v in overridable)
+        variant = self._variants.get(fed)
+        if variant is None:
+            with self._lock:
+                variant = self._variants.get(fed) or self._make_variant(overridable)
+                self._variants[fed] = variant
+        return variant
+
+    def _why_constant(self) -> str:
+        if self._ir_version < 4:
+            return (
+                f"the model's IR version {self._ir_version} makes every initializer a constant; from 4 on, "
+                "those listed among the graph's inputs can be fed"
+            )
+        return "it is not listed among the graph's inputs"
+
+    def _make_variant(self, fed: list[Value]) -> GraphVariant:
+        """The graph with the `fed` initializers turned into inputs, optimized as the session's own."""
+        graph = self.original.copy()
+        for v in fed:
+            del graph.initializers[v.name]
+        graph.inputs = [*graph.inputs, *fed]
+        level = self.options.graph_optimization_level
+        optimized, _ = optimize(graph, level, self.dispatcher, self.device)
+        return GraphVariant(frozenset(v.name for v in fed), optimized, tuple(optimized.inputs))
 
     def _output_indices(self, output_names: Sequence[str] | None) -> list[int]:
         names = [v.name for v in self._outputs]
