@@ -165,6 +165,7 @@ def routed_registry() -> Iterator[Registry]:
     routing.use_dispatcher(Dispatcher(registry))
     overrides.route_devices(("cpu",))
     CALLS.clear()
+    routing._warned_ops.clear()  # one fallback warning per op and kernel name: each test sees its own
     try:
         yield registry
     finally:

@@ -208,3 +208,31 @@ def test_profile_on_cuda_marks_decisions(tmp_path):
         a @ b
     text = path.read_text()
     assert "xrt::matmul -> torch (policy)" in text
+
+
+def test_native_routes_run_pytorch_kernel_without_python_and_match_eager():
+    """Under matmul=torch the native (C++) override learns each signature once, then runs aten's own GEMM
+    without Python, forward and backward: results equal eager bit for bit. Logging observes every call, so
+    the fast path is off while it is on."""
+    from xpuruntime.pytorch import native_routes
+
+    if native_routes.load() is None:
+        pytest.skip(native_routes.status())
+    xrt.disable_dispatch_logging()
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(96, 80, bias=False, device="cuda")
+    x = torch.randn(4, 33, 96, device="cuda").transpose(0, 1)[:, ::2]  # strided, odd sizes
+    ref = lin(x)
+    ref_grads = torch.autograd.grad(ref.square().sum(), (lin.weight,))
+    xtorch.set_kernel_policy(matmul="torch")
+    before = native_routes.stats()
+    for _ in range(3):
+        out = lin(x)
+        grads = torch.autograd.grad(out.square().sum(), (lin.weight,))
+        assert torch.equal(out, ref) and torch.equal(grads[0], ref_grads[0])
+    after = native_routes.stats()
+    assert after["enabled"] == 1 and after["native_calls"] - before["native_calls"] >= 4
+    xrt.enable_dispatch_logging()
+    assert native_routes.stats()["enabled"] == 0
+    lin(x)
+    assert _kernels("matmul") == {"torch"}

@@ -10,6 +10,7 @@ import collections
 import operator
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import numpy as np
@@ -41,18 +42,31 @@ class Observer(Protocol):
 
 OBSERVERS: list[Observer] = []
 _observers_lock = threading.Lock()
+_on_change: list[Callable[[], None]] = []
 
 
 def add_observer(observer: Observer) -> None:
     with _observers_lock:
         if observer not in OBSERVERS:
             OBSERVERS.append(observer)
+    _observers_changed()
 
 
 def remove_observer(observer: Observer) -> None:
     with _observers_lock:
         if observer in OBSERVERS:
             OBSERVERS.remove(observer)
+    _observers_changed()
+
+
+def on_observers_changed(listener: Callable[[], None]) -> None:
+    """Call `listener()` after each change of `OBSERVERS` (the native aten routes forget their decisions)."""
+    _on_change.append(listener)
+
+
+def _observers_changed() -> None:
+    for listener in list(_on_change):
+        listener()
 
 
 class DispatchRecord(NamedTuple):

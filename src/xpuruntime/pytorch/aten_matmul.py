@@ -12,29 +12,46 @@ import torch
 
 from ..policy import KernelPolicy, current_policy
 from .families import family_policy
-from .routing import attrs_for, dispatch, memoized, nested, routed_ops, wants
+from .native_routes import Decision, python_route
+from .routing import attrs_for, dispatch, memoized, nested, routed_ops, runs_pytorch_kernel
 
 # the out= overloads are separate aten operators (never overridden); the torch.* bindings reach them
 # with less Python overhead than torch.ops.aten.*.out
 _mm_out, _bmm_out, _addmm_out = torch.mm, torch.bmm, torch.addmm
 
 
-def mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """aten::mm: 2-D product through `matmul` when the policy steers it."""
-    if wants("matmul"):
+@python_route("mm")
+def routed_mm(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, Decision]:
+    """aten::mm: 2-D product through `matmul` when the policy steers it; and whether PyTorch's own
+    kernel ran (see `native_routes.python_route`)."""
+    if nested():
+        return _mm_out(a, b, out=a.new_empty((a.shape[0], b.shape[1]))), None
+    if "matmul" in routed_ops(current_policy()):
         out = dispatch("matmul", (a, b))
         if out is not None:
-            return out
-    return _mm_out(a, b, out=a.new_empty((a.shape[0], b.shape[1])))
+            return out, lambda: runs_pytorch_kernel("matmul", (a, b))
+    return _mm_out(a, b, out=a.new_empty((a.shape[0], b.shape[1]))), True
+
+
+@python_route("bmm")
+def routed_bmm(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, Decision]:
+    """aten::bmm: batched product through `matmul` when the policy steers it; and whether PyTorch's own
+    kernel ran."""
+    if nested():
+        return _bmm_out(a, b, out=a.new_empty((a.shape[0], a.shape[1], b.shape[2]))), None
+    if "matmul" in routed_ops(current_policy()):
+        out = dispatch("matmul", (a, b))
+        if out is not None:
+            return out, lambda: runs_pytorch_kernel("matmul", (a, b))
+    return _bmm_out(a, b, out=a.new_empty((a.shape[0], a.shape[1], b.shape[2]))), True
+
+
+def mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return routed_mm(a, b)[0]
 
 
 def bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """aten::bmm: batched product through `matmul` when the policy steers it."""
-    if wants("matmul"):
-        out = dispatch("matmul", (a, b))
-        if out is not None:
-            return out
-    return _bmm_out(a, b, out=a.new_empty((a.shape[0], a.shape[1], b.shape[2])))
+    return routed_bmm(a, b)[0]
 
 
 def _as_linear(bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor, policy: KernelPolicy) -> torch.Tensor | None:
@@ -46,27 +63,34 @@ def _as_linear(bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor, policy: Ker
     return dispatch("linear", (a, b.t(), bias), attrs, policy=derived)
 
 
-def addmm(bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, beta: float = 1, alpha: float = 1) -> torch.Tensor:
+@python_route("addmm")
+def routed_addmm(
+    bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor, beta: float = 1, alpha: float = 1
+) -> tuple[torch.Tensor, Decision]:
     """aten::addmm (nn.Linear with bias): the `linear` op (fused bias epilogue) for a plain x Wᵀ + b when
     the policy names linear, or names for matmul a kernel that linear also has; else `matmul` followed
-    by the scaled bias add; else PyTorch's kernel."""
-    if not nested():
-        policy = current_policy()
-        steered = routed_ops(policy)
-        out = None
-        if beta == 1 and alpha == 1 and bias.dim() == 1 and ("linear" in steered or "matmul" in steered):
-            out = _as_linear(bias, a, b, policy)
-        if out is None and "matmul" in steered:
-            out = dispatch("matmul", (a, b))
-            if out is not None:
-                if alpha != 1:
-                    out.mul_(alpha)
-                if beta != 0:
-                    out.add_(bias, alpha=beta)
+    by the scaled bias add; else PyTorch's kernel. And whether PyTorch's own kernel ran."""
+    if nested():
+        return _addmm_out(bias, a, b, beta=beta, alpha=alpha, out=a.new_empty((a.shape[0], b.shape[1]))), None
+    policy = current_policy()
+    steered = routed_ops(policy)
+    out = None
+    if beta == 1 and alpha == 1 and bias.dim() == 1 and ("linear" in steered or "matmul" in steered):
+        out = _as_linear(bias, a, b, policy)
+    if out is None and "matmul" in steered:
+        out = dispatch("matmul", (a, b))
         if out is not None:
-            return out
-    out = a.new_empty((a.shape[0], b.shape[1]))
-    return _addmm_out(bias, a, b, beta=beta, alpha=alpha, out=out)
+            if alpha != 1:
+                out.mul_(alpha)
+            if beta != 0:
+                out.add_(bias, alpha=beta)
+    if out is not None:
+        return out, False
+    return _addmm_out(bias, a, b, beta=beta, alpha=alpha, out=a.new_empty((a.shape[0], b.shape[1]))), True
+
+
+def addmm(bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, beta: float = 1, alpha: float = 1) -> torch.Tensor:
+    return routed_addmm(bias, a, b, beta, alpha)[0]
 
 
 ROUTES = {

@@ -1,8 +1,9 @@
 """The process-wide set of aten overrides: exactly those the active policies need, and nothing else.
 
-One `torch.library.Library("aten", "IMPL")` holds every override. After any policy change the set of
-ops named by the process policy or by an active scoped policy (any thread) is recomputed; when it
-changes, the library is rebuilt with that set (an empty set means no library: PyTorch untouched).
+After any policy change the set of ops named by the process policy or by an active scoped policy (any
+thread) is recomputed; when it changes, the registrations it no longer needs are removed and the new
+ones added, each in a `torch.library.Library("aten", "IMPL")` of its own, or natively for the matrix
+products (`native_routes`). An empty set means no registration: PyTorch untouched.
 Each override checks the policy of its own thread at call time, so a scoped policy in one thread never
 steers another thread's calls. Before installing, the current registrations are inspected: a kernel
 that another library registered for the same op and key raises `OverrideConflictError`.
@@ -18,13 +19,14 @@ import collections
 import threading
 import warnings
 from collections.abc import Callable, Iterable
+from pathlib import Path
 
 import torch
 
 from ..dispatch import track_launches
 from ..errors import XpuRuntimeError
 from ..policy import KernelPolicy, process_policy
-from . import aten_attention, aten_matmul, aten_norm
+from . import aten_attention, aten_matmul, aten_norm, native_routes
 from .routing import routed_ops
 
 ROUTES: dict[str, tuple[tuple[str, str, Callable], ...]] = {}
@@ -33,6 +35,7 @@ for _module in (aten_matmul, aten_attention, aten_norm):
         ROUTES[_op] = ROUTES.get(_op, ()) + _routes
 
 _BUILTIN_MARKERS = ("aten/src/ATen", "torch/csrc", "build/aten")
+_OWN_SOURCES = {str(Path(__file__).resolve()), __file__, str(native_routes.SOURCE)}  # where our overrides register
 _DEVICE_KEYS = {"cuda": ("CUDA", "AutogradCUDA"), "cpu": ("CPU", "AutogradCPU")}
 
 
@@ -41,9 +44,10 @@ class OverrideConflictError(XpuRuntimeError):
 
 
 class _Installed:
-    library: torch.library.Library | None = None
-    ops: frozenset[str] = frozenset()
-    devices: tuple[str, ...] = ("cuda",)
+    def __init__(self) -> None:
+        self.removers: dict[tuple[str, str], Callable[[], None]] = {}  # (aten op, dispatch key) -> remove it
+        self.ops: frozenset[str] = frozenset()
+        self.devices: tuple[str, ...] = ("cuda",)
 
 
 _state = _Installed()
@@ -92,6 +96,7 @@ def scope_entered(policy: KernelPolicy) -> None:
         except BaseException:  # the block never runs, so its exit is never heard: forget the scope now
             _forget_scope(policy)
             raise
+    native_routes.scope_entered()
     _backward_threads.saved.append(torch._C._is_multithreading_enabled())
     if routed_ops(policy):
         torch._C._set_multithreading_enabled(False)  # a backward here runs here, under this scope
@@ -99,6 +104,7 @@ def scope_entered(policy: KernelPolicy) -> None:
 
 def scope_exited(policy: KernelPolicy) -> None:
     torch._C._set_multithreading_enabled(_backward_threads.saved.pop())
+    native_routes.scope_exited()
     _forget_scope(policy)
 
 
@@ -133,34 +139,48 @@ def route_devices(devices: Iterable[str]) -> None:
 
 
 def _rebuild(ops: frozenset[str], check: bool = True) -> None:
-    if _state.library is not None:
-        _state.library._destroy()
-        _state.library, _state.ops = None, frozenset()
-    if not ops:
-        track_launches(False)
-        return
-    track_launches(True)  # before any override exists: they must see which calls our kernels make
+    """Make the installed overrides those `ops` need: a registration both sets share stays in place, so
+    a concurrent call never finds aten's own kernel in between."""
     functions: dict[tuple[str, str], Callable] = {}
     for op in sorted(ops):
         functions.update(_functions(op))
+    added = {where: fn for where, fn in functions.items() if where not in _state.removers}
     if check:
-        for aten_name, key in functions:
+        for aten_name, key in added:
             _check_no_foreign_kernel(aten_name, key)
+    if functions:
+        track_launches(True)  # before any override exists: they must see which calls our kernels make
+    for (aten_name, key), fn in added.items():
+        _state.removers[(aten_name, key)] = _install(aten_name, key, fn)
+    for where in [where for where in _state.removers if where not in functions]:
+        _state.removers.pop(where)()
+    _state.ops = ops
+    if not functions:
+        track_launches(False)
+    native_routes.reset(routing=bool(functions))
+
+
+def _install(aten_name: str, key: str, fn: Callable) -> Callable[[], None]:
+    """Override aten::name at `key`: natively (C++) where `native_routes` has a route, else with `fn` in a
+    Python library of its own. Returns what removes it."""
+    remove = native_routes.install(aten_name, key)
+    if remove is not None:
+        return remove
     library = torch.library.Library("aten", "IMPL")
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="(?s).*Overriding a previously registered kernel")
-        for (aten_name, key), fn in functions.items():
-            library.impl(aten_name, fn, key)
-    _state.library, _state.ops = library, ops
+        library.impl(aten_name, fn, key)
+    return library._destroy
 
 
 def _check_no_foreign_kernel(aten_name: str, key: str) -> None:
-    """Raise if the kernel active for aten::name at `key` was registered outside PyTorch itself."""
+    """Raise if the kernel active for aten::name at `key` was registered outside PyTorch and xpuruntime."""
     for line in torch._C._dispatch_dump(f"aten::{aten_name}").splitlines():
         if not line.startswith(f"{key}: registered at "):
             continue
         where = line.removeprefix(f"{key}: registered at ").split(" :: ")[0]
-        if not any(marker in where for marker in _BUILTIN_MARKERS):
+        ours = where.rsplit(":", 1)[0] in _OWN_SOURCES
+        if not ours and not any(marker in where for marker in _BUILTIN_MARKERS):
             raise OverrideConflictError(
                 f"cannot route aten::{aten_name} ({key}) through xpuruntime: another library already "
                 f"overrides it (registered at {where}). Remove that override, or drop this op from the policy."

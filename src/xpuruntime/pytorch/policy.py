@@ -12,6 +12,7 @@ import warnings
 from .. import policy as _core
 from ..errors import PolicyError, UnknownNameError
 from ..policy import KernelPolicy, clear_kernel_policy, get_kernel_policy, kernel_policy, set_kernel_policy
+from . import native_routes
 from .overrides import refresh_overrides, scope_entered, scope_exited
 
 __all__ = ["KernelPolicy", "clear_kernel_policy", "get_kernel_policy", "kernel_policy", "set_kernel_policy"]
@@ -28,6 +29,7 @@ class _OverrideInstaller:
             UnknownNameError,
         ) as exc:  # a malformed environment policy: every xrt call raises it already
             warnings.warn(f"aten overrides left as they were: {exc}", RuntimeWarning, stacklevel=3)
+        native_routes.reset()  # decisions learned under the old policy no longer hold
 
     def scope_entered(self, policy: KernelPolicy) -> None:
         scope_entered(policy)

@@ -24,7 +24,7 @@ from ..errors import (
     UnsupportedByPolicyError,
 )
 from ..policy import current_policy
-from . import handback
+from . import handback, native_routes
 
 _NOT_OURS = (ArgumentError, DeviceMismatchError, DTypeError, LayoutError, ShapeError)
 
@@ -48,6 +48,9 @@ def use_dispatcher(dispatcher: Any = None) -> None:
     router.dispatcher = dispatcher
     router.run = None if dispatcher is None else dispatcher.run
     router.memo = {}
+    if dispatcher is not None:
+        native_routes.watch_registry(dispatcher.registry)
+    native_routes.reset()  # decisions made with the previous dispatcher
 
 
 def get_dispatcher() -> Any:
@@ -116,6 +119,23 @@ def dispatch(op: str, inputs: tuple, attrs: tuple = (), warn: bool = True, polic
         if warn:
             _warn_no_kernel(op, exc, policy or current_policy())
         return None
+
+
+# kernels whose launch for the override's call is exactly the aten op's own kernel
+PYTORCH_OWN_KERNELS = {"matmul": "torch"}
+
+
+def runs_pytorch_kernel(op: str, inputs: tuple) -> bool | None:
+    """Whether the plan that just ran `op` on `inputs` runs PyTorch's own kernel and nothing else (no sync,
+    no workspace); None when there is no plan to ask."""
+    try:
+        plan = get_dispatcher().plan(op, *inputs)
+    except Exception:  # the call ran, so this is not expected; just learn nothing
+        return None
+    own = PYTORCH_OWN_KERNELS.get(op)
+    return (
+        plan.kernel.name == own and plan.kernel.backend == "torch" and plan.finish is None and not plan.workspace_bytes
+    )
 
 
 def _warn_no_kernel(op: str, exc: NoKernelError, policy: Any) -> None:

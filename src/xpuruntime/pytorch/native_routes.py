@@ -1,0 +1,230 @@
+"""Native routes: the mm / bmm / addmm overrides in C++ (`native_routes.cpp`), so that a call already
+known to run PyTorch's own kernel costs no Python.
+
+The C++ override keys each call as the dispatcher's plan key does (dtype, shape, strides, device,
+16-byte alignment). A signature it has not seen goes to the Python route (`aten_matmul`), which reports
+what it decided; from then on a call that the route hands to PyTorch's kernel (the policy's kernel is
+PyTorch's own, or declines the call) runs that kernel straight from C++, and the rest keep the Python
+route. Decisions are forgotten whenever one could change (`reset`): the process policy, the registry, the
+dispatch observers, the installed overrides; and they are neither used nor learned while a scoped policy
+is open on the calling thread, under autotune, or while dispatch logging or profiling observes calls.
+
+The extension is compiled on first use with PyTorch's C++ extension tools (a C++ compiler and ninja)
+into the xpuruntime cache folder, once per source, PyTorch and Python version. Where it cannot be built,
+or with XPURUNTIME_NATIVE_ROUTES=0, the Python overrides run as before (`status()` says why).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import warnings
+import weakref
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .. import log as dispatch_log
+from ..errors import XpuRuntimeError
+from ..policy import _scoped, process_policy
+from ..runtime.tuning_cache import cache_dir
+
+SOURCE = Path(__file__).resolve().with_name("native_routes.cpp")
+ENV_SWITCH = "XPURUNTIME_NATIVE_ROUTES"
+ROUTE_IDS = {"mm": 0, "bmm": 1, "addmm": 2}  # RouteOp in the C++ source
+
+log = logging.getLogger("xpuruntime.pytorch")
+
+
+class _Extension:
+    ops: Any = None  # torch.ops.xpuruntime_native once loaded
+    tried = False
+    why_not: str | None = None
+    python_routes: torch.library.Library | None = None
+    routing = False  # native overrides installed now
+
+
+_ext = _Extension()
+_lock = threading.Lock()
+
+
+def load() -> Any | None:
+    """The extension's ops, built and loaded on first call; None where it cannot be (see `status`)."""
+    if not _ext.tried:
+        with _lock:
+            if not _ext.tried:
+                _ext.ops = _build()
+                _ext.tried = True
+    return _ext.ops
+
+
+def loaded() -> Any | None:
+    """The extension's ops if already loaded (never builds)."""
+    return _ext.ops
+
+
+def status() -> str:
+    if _ext.ops is not None:
+        return "native (C++) matrix-product routes"
+    return _ext.why_not or "not built yet"
+
+
+def _build() -> Any | None:
+    if os.environ.get(ENV_SWITCH, "1") == "0":
+        _ext.why_not = f"disabled by {ENV_SWITCH}=0"
+        return None
+    tag = hashlib.sha256(SOURCE.read_bytes() + f"{torch.__version__} {sys.version}".encode()).hexdigest()[:16]
+    library = cache_dir() / "native" / f"xpuruntime_native_{tag}.so"
+    try:
+        if library.exists():
+            torch.ops.load_library(str(library))
+        else:
+            _compile_and_load(tag, library)
+    except Exception as exc:  # no compiler, no ninja, unwritable cache: the Python overrides serve
+        _ext.why_not = f"could not build the native routes ({type(exc).__name__}: {str(exc).splitlines()[0]})"
+        log.info("xpuruntime.pytorch: %s; the Python overrides run instead", _ext.why_not)
+        return None
+    _ext.python_routes = _register_python_routes()
+    dispatch_log.on_observers_changed(reset)
+    return torch.ops.xpuruntime_native
+
+
+def _compile_and_load(tag: str, library: Path) -> None:
+    """Compile in a folder of this process's own (PyTorch's build lock waits forever on a lock file that
+    a killed build left behind), load, then publish the library with an atomic rename."""
+    from torch.utils import cpp_extension
+
+    library.parent.mkdir(parents=True, exist_ok=True)
+    build = Path(tempfile.mkdtemp(prefix=f"build-{tag}-", dir=library.parent))
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # e.g. "no CUDA runtime found" on CPU builds
+            cpp_extension.load(
+                name=library.stem, sources=[str(SOURCE)], build_directory=str(build), extra_cflags=["-O2"],
+                is_python_module=False, verbose=False,
+            )  # fmt: skip
+        os.replace(build / library.name, library)
+    finally:
+        shutil.rmtree(build, ignore_errors=True)
+
+
+# -- the Python side of each route -------------------------------------------------------------------
+
+# True: the call ran PyTorch's own kernel for reasons fixed by its signature and the policy; False: it
+# ran one of ours; None: nothing may be learned from it (e.g. a nested call); or a function that says
+# which, asked only when the decision is to be learned
+Decision = bool | None | Callable[[], bool | None]
+_routes: dict[str, Callable[..., tuple[torch.Tensor, Decision]]] = {}
+
+
+def python_route(name: str) -> Callable:
+    """Register `fn(*args) -> (out, decision)` as the Python route of aten::name."""
+
+    def register(fn: Callable) -> Callable:
+        _routes[name] = fn
+        return fn
+
+    return register
+
+
+def _register_python_routes() -> torch.library.Library:
+    library = torch.library.Library("xpuruntime_native", "IMPL")
+    for name, fn in _routes.items():
+        library.impl(f"route_{name}", _reporting(name, fn), "CompositeExplicitAutograd")
+    return library
+
+
+def _reporting(name: str, route: Callable) -> Callable:
+    op_id = ROUTE_IDS[name]
+
+    def run(*args: Any) -> torch.Tensor:
+        *call, epoch = args
+        out, decision = route(*call)
+        if epoch >= 0 and not dispatch_log.OBSERVERS and _scoped.get() is None:
+            if callable(decision):
+                decision = decision()
+            if decision is None:
+                return out
+            tensors = [x for x in call if isinstance(x, torch.Tensor)]
+            scalars = [x for x in call if not isinstance(x, torch.Tensor)]
+            _ext.ops.learn(op_id, tensors, scalars, epoch, decision)
+        return out
+
+    return run
+
+
+# -- control -----------------------------------------------------------------------------------------
+
+
+def install(aten_name: str, dispatch_key: str) -> Callable[[], None] | None:
+    """Override aten::name at `dispatch_key` with its native route; returns its remover, or None where
+    there is no native route."""
+    if aten_name not in _routes or load() is None:
+        return None
+    handle = _ext.ops.install(aten_name, dispatch_key)
+    return lambda: _ext.ops.uninstall(handle)
+
+
+_watched: list[weakref.ref] = []
+
+
+def watch_registry(registry: Any) -> None:
+    """Forget the learned decisions whenever `registry` (the routing dispatcher's) changes."""
+    _watched[:] = [ref for ref in _watched if ref() is not None]
+    if not any(ref() is registry for ref in _watched):
+        _watched.append(weakref.ref(registry))
+        registry.on_change(_registry_changed)
+
+
+def _registry_changed(op: str) -> None:
+    reset()
+
+
+def reset(routing: bool | None = None) -> None:
+    """Forget every learned decision; the fast path stays on only where learning is sound.
+    `routing`: whether native overrides are installed now (None: unchanged)."""
+    if _ext.ops is None:
+        return
+    if routing is not None:
+        _ext.routing = routing
+    try:
+        policy = process_policy()
+    except XpuRuntimeError:  # a malformed environment policy: every routed call raises it anyway
+        policy = None
+    sound = policy is not None and not (dispatch_log.OBSERVERS or policy.autotune or policy.autotune_ops)
+    _ext.ops.reset(_ext.routing and sound)
+
+
+class _Scopes(threading.local):
+    def __init__(self) -> None:
+        self.counted: list[bool] = []  # per open scope of this thread: told to the extension?
+
+
+_scopes = _Scopes()
+
+
+def scope_entered() -> None:
+    ops = _ext.ops
+    _scopes.counted.append(ops is not None)
+    if ops is not None:
+        ops.enter_scope(1)
+
+
+def scope_exited() -> None:
+    if _scopes.counted and _scopes.counted.pop():
+        _ext.ops.enter_scope(-1)
+
+
+def stats() -> dict[str, int]:
+    """Native calls, Python-routed calls, learned signatures, the epoch and whether the fast path is on."""
+    if _ext.ops is None:
+        return {}
+    names = ("native_calls", "routed_calls", "learned", "epoch", "enabled")
+    return dict(zip(names, _ext.ops.stats()))

@@ -1,0 +1,230 @@
+"""Native (C++) matrix-product routes on CPU (test-only CPU routing): what they learn, when they forget,
+and that every call still ends where the Python route would send it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from pytorch_cpu_routing import CALLS, policy, routed_registry
+
+import xpuruntime as xrt
+import xpuruntime.pytorch as xtorch
+from xpuruntime.errors import UnsupportedByPolicyError
+from xpuruntime.pytorch import native_routes, overrides
+from xpuruntime.registry import Backend, kernel
+
+pytestmark = [
+    pytest.mark.filterwarnings("ignore::UserWarning:torch"),
+    pytest.mark.skipif(
+        shutil.which(os.environ.get("CXX", "c++")) is None, reason="no C++ compiler: the native routes cannot build"
+    ),
+]
+
+
+def _pytorch_mm(args) -> None:
+    """A CPU stand-in for the `torch` backend's matmul kernel: aten's own mm / bmm into the output."""
+    CALLS["pytorch_own"] += 1
+    a, b = (torch.from_numpy(np.asarray(x)) for x in args.inputs)
+    (torch.mm if a.dim() == 2 else torch.bmm)(a, b, out=torch.from_numpy(args.out))
+
+
+@pytest.fixture
+def cpu_routing():
+    for registry in routed_registry():
+        registry.register_backend(
+            Backend("torch", "cpu", empty=lambda shape, dtype, device, stream: np.empty(shape, dtype))
+        )
+        registry.register_kernel(kernel("matmul", "torch", backend="torch", dtypes={"float32"})(_pytorch_mm))
+        assert native_routes.load() is not None, native_routes.status()
+        yield registry
+
+
+def _stats() -> dict[str, int]:
+    return native_routes.stats()
+
+
+def _calls(n: int, a: torch.Tensor, b: torch.Tensor) -> list[torch.Tensor]:
+    return [torch.mm(a, b) for _ in range(n)]
+
+
+def test_the_extension_builds_and_overrides_natively(cpu_routing):
+    xtorch.set_kernel_policy(policy("matmul", registry=cpu_routing))
+    dump = torch._C._dispatch_dump("aten::mm")
+    assert any(line.startswith("CPU: registered at") and "native_routes.cpp" in line for line in dump.splitlines())
+    assert _stats()["enabled"] == 1
+
+
+def test_a_call_that_runs_pytorch_kernel_is_learned_then_skips_python(cpu_routing):
+    xtorch.set_kernel_policy(xrt.KernelPolicy({"matmul": "torch"}, validate=cpu_routing))
+    rng = np.random.default_rng(0)
+    a, b = (torch.tensor(rng.standard_normal(s), dtype=torch.float32) for s in ((5, 7), (7, 3)))
+    before = _stats()
+    outs = _calls(5, a, b)
+    after = _stats()
+    assert CALLS["pytorch_own"] == 1  # the first call went through the dispatcher, the rest never entered Python
+    assert after["learned"] == before["learned"] + 1
+    assert after["native_calls"] - before["native_calls"] == 4
+    expected = a.double().numpy() @ b.double().numpy()
+    for out in outs:
+        assert out.dtype == torch.float32 and out.shape == (5, 3)
+        np.testing.assert_allclose(out.numpy(), expected, rtol=1e-5, atol=1e-6)
+        assert torch.equal(out, outs[0])
+    # another signature (transposed operand: other strides) is a new decision
+    _calls(2, a, b.t().contiguous().t())
+    assert CALLS["pytorch_own"] == 2
+
+
+def test_bmm_is_learned_too(cpu_routing):
+    xtorch.set_kernel_policy(xrt.KernelPolicy({"matmul": "torch"}, validate=cpu_routing))
+    a, b = torch.randn(3, 4, 5), torch.randn(3, 5, 2)
+    outs = [torch.bmm(a, b) for _ in range(3)]
+    assert CALLS["pytorch_own"] == 1
+    expected = a.double().numpy() @ b.double().numpy()
+    for out in outs:
+        np.testing.assert_allclose(out.numpy(), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_a_call_routed_to_our_kernel_keeps_the_python_route(cpu_routing):
+    xtorch.set_kernel_policy(policy("matmul", registry=cpu_routing))
+    a, b = torch.randn(4, 6), torch.randn(6, 5)
+    before = _stats()
+    outs = _calls(4, a, b)
+    assert CALLS["matmul"] == 4  # every call reached our kernel
+    assert _stats()["native_calls"] == before["native_calls"]
+    assert _stats()["learned"] == before["learned"] + 1  # learned once: 'Python route', no more learning
+    for out in outs:
+        np.testing.assert_allclose(out.numpy(), a.double().numpy() @ b.double().numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_declined_calls_run_pytorch_natively(cpu_routing):
+    """int64 is no dtype the op's kernels take: the Python route hands it back, the native one learns that."""
+    xtorch.set_kernel_policy(policy("matmul", registry=cpu_routing))
+    a, b = torch.arange(12).reshape(3, 4), torch.arange(8).reshape(4, 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        outs = _calls(3, a, b)
+    assert CALLS["matmul"] == 0
+    assert _stats()["native_calls"] >= 2
+    for out in outs:
+        assert np.array_equal(out.numpy(), a.numpy() @ b.numpy())
+
+
+def test_a_strict_refusal_is_never_learned(cpu_routing):
+    xtorch.set_kernel_policy(policy("matmul", registry=cpu_routing, strict=True))
+    a, b = torch.arange(12).reshape(3, 4), torch.arange(8).reshape(4, 2)
+    for _ in range(3):
+        with pytest.raises(UnsupportedByPolicyError):
+            torch.mm(a, b)
+
+
+def test_a_policy_change_forgets_what_was_learned(cpu_routing):
+    a, b = torch.randn(4, 6), torch.randn(6, 5)
+    xtorch.set_kernel_policy(xrt.KernelPolicy({"matmul": "torch"}, validate=cpu_routing))
+    _calls(3, a, b)
+    assert CALLS["pytorch_own"] == 1
+    xtorch.set_kernel_policy(policy("matmul", registry=cpu_routing))  # the same ops: no rebuild, still a reset
+    _calls(3, a, b)
+    assert CALLS["matmul"] == 3 and CALLS["pytorch_own"] == 1
+
+
+def test_a_scoped_policy_is_followed_on_its_thread_only(cpu_routing):
+    a, b = torch.randn(4, 6), torch.randn(6, 5)
+    xtorch.set_kernel_policy(xrt.KernelPolicy({"matmul": "torch"}, validate=cpu_routing))
+    _calls(2, a, b)  # learned: PyTorch's kernel
+    with xtorch.kernel_policy(policy("matmul", registry=cpu_routing)):
+        _calls(3, a, b)
+        assert CALLS["matmul"] == 3
+        other = threading.Thread(target=_calls, args=(3, a, b))
+        other.start()
+        other.join()
+        assert CALLS["matmul"] == 3  # the other thread follows the process policy, natively
+    _calls(2, a, b)
+    assert CALLS["matmul"] == 3 and CALLS["pytorch_own"] == 1
+
+
+def test_dispatch_logging_sees_every_call(cpu_routing):
+    a, b = torch.randn(4, 6), torch.randn(6, 5)
+    xtorch.set_kernel_policy(xrt.KernelPolicy({"matmul": "torch"}, validate=cpu_routing))
+    _calls(2, a, b)
+    xrt.clear_dispatch_logs()
+    xrt.enable_dispatch_logging()
+    try:
+        assert _stats()["enabled"] == 0
+        _calls(3, a, b)
+        assert CALLS["pytorch_own"] == 4
+        assert sum(1 for r in xrt.get_dispatch_logs() if r.op_name == "matmul" and r.selected_kernel == "torch") == 3
+    finally:
+        xrt.disable_dispatch_logging()
+    assert _stats()["enabled"] == 1
+
+
+def test_a_new_kernel_forgets_what_was_learned(cpu_routing):
+    a, b = torch.randn(4, 6), torch.randn(6, 5)
+    xtorch.set_kernel_policy(xrt.KernelPolicy({"matmul": "torch"}, validate=cpu_routing))
+    _calls(2, a, b)
+    epoch = _stats()["epoch"]
+
+    def faster(args) -> None:
+        CALLS["faster"] += 1
+        args.out[...] = np.asarray(args.inputs[0]) @ np.asarray(args.inputs[1])
+
+    cpu_routing.register_kernel(kernel("matmul", "faster", backend="torchcpu", dtypes={"float32"}, priority=99)(faster))
+    assert _stats()["epoch"] > epoch and _stats()["learned"] == 0
+
+
+def test_a_rebuild_never_lets_a_call_reach_aten_directly(cpu_routing):
+    """Switching between policies that both route matmul rebuilds the overrides each time; a call racing
+    the rebuild must still reach our kernel."""
+    a, b = torch.randn(3, 3), torch.randn(3, 3)
+    first = policy("matmul", registry=cpu_routing)
+    second = policy("matmul", "layer_norm", registry=cpu_routing)
+    xtorch.set_kernel_policy(first)
+    stop, made = threading.Event(), [0]
+
+    def caller() -> None:
+        while not stop.is_set():
+            torch.mm(a, b)
+            made[0] += 1
+
+    worker = threading.Thread(target=caller)
+    worker.start()
+    try:
+        for i in range(60):
+            xtorch.set_kernel_policy(second if i % 2 == 0 else first)
+    finally:
+        stop.set()
+        worker.join()
+    assert made[0] > 0 and CALLS["matmul"] == made[0]
+
+
+def test_without_the_extension_the_python_route_serves():
+    code = (
+        "import torch, xpuruntime.pytorch as xt\n"
+        "from xpuruntime.pytorch import native_routes, overrides\n"
+        "overrides.route_devices(('cpu',))\n"
+        "xt.set_kernel_policy(matmul='numpy_blas')\n"
+        "a = torch.randn(3, 4); b = torch.randn(4, 2)\n"
+        "assert torch.allclose(torch.mm(a, b), (a.double() @ b.double()).float(), atol=1e-5)\n"
+        "print(native_routes.status())\n"
+    )
+    env = {**os.environ, native_routes.ENV_SWITCH: "0"}
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "disabled by XPURUNTIME_NATIVE_ROUTES=0" in result.stdout
+
+
+def test_overrides_are_removed_with_the_policy(cpu_routing):
+    xtorch.set_kernel_policy(policy("matmul", registry=cpu_routing))
+    xtorch.clear_kernel_policy()
+    assert overrides.installed_overrides() == {}
+    dump = torch._C._dispatch_dump("aten::mm")
+    assert not any(line.startswith("CPU: registered at") and "xpuruntime" in line for line in dump.splitlines())
+    assert _stats()["enabled"] == 0
