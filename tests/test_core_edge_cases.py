@@ -157,3 +157,14 @@ def test_an_option_passed_as_a_preference_says_it_is_an_option():
 
     with pytest.raises(PolicyError, match="'strict' is a policy option, not an op"):
         KernelPolicy({"strict": "true"})
+
+
+def test_kernel_dtypes_that_cannot_be_iterated_give_a_registration_error():
+    class Hostile:
+        def __iter__(self):
+            raise ValueError("hostile object")
+
+    with pytest.raises(xrt.RegistrationError, match=r"kernel 'attention/k': argument 'dtypes' expected a collection"):
+        xrt.kernel("attention", "k", backend="cpu", dtypes=Hostile())
+    with pytest.raises(xrt.RegistrationError, match="'dtypes'"):
+        xrt.kernel("attention", "k", backend="cpu", dtypes=[["float32"]])  # unhashable items

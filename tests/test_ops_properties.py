@@ -13,7 +13,8 @@ Tolerances (|got - ref| <= tol, elementwise, ref in float64):
 - sum: rtol * sum(|x|) over the same axes, 1e-12 / 1e-6 (float64 / float32); float16 accumulates wider
   (1e-6 * sum|x|) and rounds once: + 2^-11 * |ref|.
 - matmul: rtol * (|a| @ |b|), the natural scale of the rounding error of a dot product: 1e-12 / 1e-5
-  (float64 / float32, which also must be max-abs < 1e-3 with inputs in U(-1, 1)); float16 accumulates in
+  (float64 / float32: TF32's 2^-11 would fail it; an absolute bound would not hold for long rows of
+  broadcast values, which hypothesis finds); float16 accumulates in
   float32 (1e-5 * |a| @ |b|) and rounds the result once: + 2^-11 * |ref|.
 - softmax, layer_norm, rms_norm, attention: 1e-5 relative/absolute for float32 computed in float32, with
   the op's conditioning where it matters (layer_norm: max|x| / sqrt(var + eps) per row); float16 computes
@@ -402,8 +403,6 @@ def check_matmul(data: st.DataObject, kernel: str, a: np.ndarray, b: np.ndarray,
     rtol = 1e-12 if dtype == "float64" else 1e-5
     rtol_out, atol = out_rounding(dtype)
     assert_close(got, ref, rtol * magnitude + rtol_out * np.abs(ref) + atol, what)
-    if dtype == "float32" and got.size:
-        assert np.abs(got - ref).max() < 1e-3, what
 
 
 @pytest.mark.parametrize("kernel", MATMUL_KERNELS)

@@ -7,7 +7,6 @@ of xformers' `not_supported_reasons`. The selector decides.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import importlib
@@ -209,8 +208,13 @@ def kernel(op: str, name: str, *, backend: str, **hints: Any) -> Callable[[Launc
 
     dtypes = hints.get("dtypes")
     if dtypes is not None and not isinstance(dtypes, str | bytes):  # a str stays a str and is refused
-        with contextlib.suppress(TypeError):  # not iterable: refused by the validation, naming the field
+        try:
             hints["dtypes"] = frozenset(dtypes)
+        except Exception:  # not iterable, unhashable items, or an iterator that raises
+            raise RegistrationError(
+                f"kernel '{op}/{name}': argument 'dtypes' expected a collection of dtype names, got "
+                f"{type(dtypes).__name__}"
+            ) from None
     if isinstance(hints.get("conditions"), list):
         hints["conditions"] = tuple(hints["conditions"])
 
