@@ -228,3 +228,37 @@ def test_overrides_are_removed_with_the_policy(cpu_routing):
     dump = torch._C._dispatch_dump("aten::mm")
     assert not any(line.startswith("CPU: registered at") and "xpuruntime" in line for line in dump.splitlines())
     assert _stats()["enabled"] == 0
+
+
+def test_decisions_are_kept_per_scoped_policy(cpu_routing):
+    """A scope's calls are learned under that scope's policy: inside a scope naming PyTorch's kernel they
+    run natively after the first, while the process policy's calls keep reaching our kernel."""
+    a, b = torch.randn(4, 6), torch.randn(6, 5)
+    xtorch.set_kernel_policy(policy("matmul", registry=cpu_routing))
+    pytorch_own = xrt.KernelPolicy({"matmul": "torch"}, validate=cpu_routing)
+    _calls(2, a, b)
+    with xtorch.kernel_policy(pytorch_own):
+        before = _stats()["native_calls"]
+        _calls(4, a, b)
+        assert CALLS["pytorch_own"] == 1 and _stats()["native_calls"] - before == 3
+        with xtorch.kernel_policy(policy("matmul", registry=cpu_routing)):  # nested: its own decisions
+            _calls(2, a, b)
+            assert CALLS["matmul"] == 4
+        _calls(2, a, b)
+        assert CALLS["pytorch_own"] == 1 and CALLS["matmul"] == 4
+    _calls(2, a, b)
+    assert CALLS["matmul"] == 6
+
+
+def test_a_tuning_scope_keeps_every_call_in_python(cpu_routing):
+    a, b = torch.randn(4, 6), torch.randn(6, 5)
+    xtorch.set_kernel_policy(xrt.KernelPolicy({"matmul": "torch"}, validate=cpu_routing))
+    _calls(2, a, b)
+    with xtorch.kernel_policy(autotune=True):
+        before = _stats()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            _calls(3, a, b)
+        after = _stats()
+    assert after["native_calls"] == before["native_calls"] and after["learned"] == before["learned"]
+    assert native_routes.scope_token(xrt.KernelPolicy(autotune=True)) == -1

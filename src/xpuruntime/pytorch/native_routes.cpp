@@ -4,8 +4,8 @@
 // it ran with PyTorch's own kernel, runs that kernel here without entering Python; every other call goes
 // to the Python route (the op xpuruntime_native::route_<name>, implemented in native_routes.py), which
 // tells this table what it decided. Python clears the table (a new epoch) whenever a decision could
-// change: a policy, the registry, the dispatch observers, the installed overrides. While a scoped policy
-// is open on a thread, that thread's calls always take the Python route.
+// change: the process policy, the registry, the dispatch observers, the installed overrides. Decisions are
+// kept per policy: the process one, or the scoped policy open on the calling thread.
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/addmm.h>
@@ -101,13 +101,17 @@ Decisions& decisions() {
   return table;
 }
 
-thread_local int64_t open_scopes = 0;  // scoped policies entered on this thread and not yet left
+// The scoped policies open on this thread, innermost last, as tokens from Python: a positive token keys the
+// decisions learned under that policy; a negative one (a policy that tunes) keeps every call in Python.
+thread_local std::vector<int64_t> scope_tokens;
+
+int64_t current_token() { return scope_tokens.empty() ? 0 : scope_tokens.back(); }
 
 // The epoch a Python-routed call may learn in, or -1; sets *native when the call can skip Python.
 int64_t lookup(const Key& key, bool* native) {
   *native = false;
   Decisions& table = decisions();
-  if (!table.enabled.load(std::memory_order_relaxed) || open_scopes != 0) return -1;
+  if (!table.enabled.load(std::memory_order_relaxed) || current_token() < 0) return -1;
   int64_t epoch = -1;
   int found = table.find(key, &epoch);
   if (found == 1) {
@@ -122,12 +126,13 @@ c10::TypedOperatorHandle<Signature> python_route(const char* name) {
   return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Signature>();
 }
 
-// The key of a call: the route, then its tensors in argument order (the Python route's `learn` builds
-// the same from the same arguments).
+// The key of a call: the route and the thread's policy token, then its tensors in argument order (the
+// Python route's `learn` builds the same from the same arguments).
 Key call_key(int64_t op, std::initializer_list<const at::Tensor*> tensors) {
   Key key;
   key.reserve(32);
   key.push_back(op);
+  key.push_back(current_token());
   for (const at::Tensor* t : tensors) add_tensor(key, *t);
   return key;
 }
@@ -207,9 +212,12 @@ int64_t install(const std::string& name, const std::string& dispatch_key) {
 
 void uninstall(int64_t handle) { libraries().erase(handle); }
 
+// `token`: the policy the Python route followed; a call whose thread holds another (an asyncio task that
+// inherited a scope's context) teaches nothing.
 void learn(int64_t op, const std::vector<at::Tensor>& tensors, const std::vector<at::Scalar>& scalars,
-           int64_t epoch, bool runs_native) {
-  Key key{op};
+           int64_t epoch, int64_t token, bool runs_native) {
+  if (token != current_token()) return;
+  Key key{op, token};
   for (const at::Tensor& t : tensors) add_tensor(key, t);
   for (const at::Scalar& s : scalars) {
     if (!add_scalar(key, s)) return;
@@ -219,7 +227,11 @@ void learn(int64_t op, const std::vector<at::Tensor>& tensors, const std::vector
 
 int64_t reset(bool enabled) { return decisions().reset(enabled); }
 
-void enter_scope(int64_t delta) { open_scopes += delta; }
+void enter_scope(int64_t token) { scope_tokens.push_back(token); }
+
+void exit_scope() {
+  if (!scope_tokens.empty()) scope_tokens.pop_back();
+}
 
 std::vector<int64_t> stats() {
   Decisions& table = decisions();
@@ -237,8 +249,9 @@ TORCH_LIBRARY(xpuruntime_native, m) {
   m.def("route_addmm(Tensor bias, Tensor a, Tensor b, Scalar beta, Scalar alpha, int epoch) -> Tensor");
   m.def("install(str name, str dispatch_key) -> int", &install);
   m.def("uninstall(int handle) -> ()", &uninstall);
-  m.def("learn(int op, Tensor[] tensors, Scalar[] scalars, int epoch, bool native) -> ()", &learn);
+  m.def("learn(int op, Tensor[] tensors, Scalar[] scalars, int epoch, int token, bool native) -> ()", &learn);
   m.def("reset(bool enabled) -> int", &reset);
-  m.def("enter_scope(int delta) -> ()", &enter_scope);
+  m.def("enter_scope(int token) -> ()", &enter_scope);
+  m.def("exit_scope() -> ()", &exit_scope);
   m.def("stats() -> int[]", &stats);
 }

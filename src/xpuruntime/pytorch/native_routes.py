@@ -6,8 +6,9 @@ The C++ override keys each call as the dispatcher's plan key does (dtype, shape,
 what it decided; from then on a call that the route hands to PyTorch's kernel (the policy's kernel is
 PyTorch's own, or declines the call) runs that kernel straight from C++, and the rest keep the Python
 route. Decisions are forgotten whenever one could change (`reset`): the process policy, the registry, the
-dispatch observers, the installed overrides; and they are neither used nor learned while a scoped policy
-is open on the calling thread, under autotune, or while dispatch logging or profiling observes calls.
+dispatch observers, the installed overrides. They are kept per policy (the process one, or the scoped
+policy open on the calling thread), and neither used nor learned under a policy that tunes or while
+dispatch logging or profiling observes calls.
 
 The extension is compiled on first use with PyTorch's C++ extension tools (a C++ compiler and ninja)
 into the xpuruntime cache folder, once per source, PyTorch and Python version. Where it cannot be built,
@@ -33,7 +34,7 @@ import torch
 
 from .. import log as dispatch_log
 from ..errors import XpuRuntimeError
-from ..policy import _scoped, process_policy
+from ..policy import KernelPolicy, _scoped, process_policy
 from ..runtime.tuning_cache import cache_dir
 
 SOURCE = Path(__file__).resolve().with_name("native_routes.cpp")
@@ -147,14 +148,14 @@ def _reporting(name: str, route: Callable) -> Callable:
     def run(*args: Any) -> torch.Tensor:
         *call, epoch = args
         out, decision = route(*call)
-        if epoch >= 0 and not dispatch_log.OBSERVERS and _scoped.get() is None:
+        if epoch >= 0 and not dispatch_log.OBSERVERS:
             if callable(decision):
                 decision = decision()
             if decision is None:
                 return out
             tensors = [x for x in call if isinstance(x, torch.Tensor)]
             scalars = [x for x in call if not isinstance(x, torch.Tensor)]
-            _ext.ops.learn(op_id, tensors, scalars, epoch, decision)
+            _ext.ops.learn(op_id, tensors, scalars, epoch, scope_token(_scoped.get()), decision)
         return out
 
     return run
@@ -204,22 +205,30 @@ def reset(routing: bool | None = None) -> None:
 
 class _Scopes(threading.local):
     def __init__(self) -> None:
-        self.counted: list[bool] = []  # per open scope of this thread: told to the extension?
+        self.told: list[bool] = []  # per open scope of this thread: told to the extension?
 
 
 _scopes = _Scopes()
 
 
-def scope_entered() -> None:
+def scope_token(policy: KernelPolicy | None) -> int:
+    """What the extension keys a policy's decisions by: 0 for the process policy, the scoped policy's
+    fingerprint serial + 1, or -1 for a policy that tunes (its decisions change as it tunes)."""
+    if policy is None:
+        return 0
+    return -1 if policy.autotune or policy.autotune_ops else policy.fingerprint.serial + 1
+
+
+def scope_entered(policy: KernelPolicy) -> None:
     ops = _ext.ops
-    _scopes.counted.append(ops is not None)
+    _scopes.told.append(ops is not None)
     if ops is not None:
-        ops.enter_scope(1)
+        ops.enter_scope(scope_token(policy))
 
 
 def scope_exited() -> None:
-    if _scopes.counted and _scopes.counted.pop():
-        _ext.ops.enter_scope(-1)
+    if _scopes.told and _scopes.told.pop():
+        _ext.ops.exit_scope()
 
 
 def stats() -> dict[str, int]:

@@ -96,7 +96,7 @@ def scope_entered(policy: KernelPolicy) -> None:
         except BaseException:  # the block never runs, so its exit is never heard: forget the scope now
             _forget_scope(policy)
             raise
-    native_routes.scope_entered()
+    native_routes.scope_entered(policy)
     _backward_threads.saved.append(torch._C._is_multithreading_enabled())
     if routed_ops(policy):
         torch._C._set_multithreading_enabled(False)  # a backward here runs here, under this scope
