@@ -164,7 +164,10 @@ def test_kernel_dtypes_that_cannot_be_iterated_give_a_registration_error():
         def __iter__(self):
             raise ValueError("hostile object")
 
-    with pytest.raises(xrt.RegistrationError, match=r"kernel 'attention/k': argument 'dtypes' expected a collection"):
+    with pytest.raises(
+        xrt.RegistrationError,
+        match=r"kernel 'attention'/'k': field 'dtypes' expected a collection of dtype names, got Hostile",
+    ):
         xrt.kernel("attention", "k", backend="cpu", dtypes=Hostile())
     with pytest.raises(xrt.RegistrationError, match="'dtypes'"):
         xrt.kernel("attention", "k", backend="cpu", dtypes=[["float32"]])  # unhashable items

@@ -212,8 +212,8 @@ def kernel(op: str, name: str, *, backend: str, **hints: Any) -> Callable[[Launc
             hints["dtypes"] = frozenset(dtypes)
         except Exception:  # not iterable, unhashable items, or an iterator that raises
             raise RegistrationError(
-                f"kernel '{op}/{name}': argument 'dtypes' expected a collection of dtype names, got "
-                f"{type(dtypes).__name__}"
+                f"kernel {clip(str(op), 60)}/{clip(str(name), 60)}: field 'dtypes' expected a collection of "
+                f"dtype names, got {type(dtypes).__name__}"
             ) from None
     if isinstance(hints.get("conditions"), list):
         hints["conditions"] = tuple(hints["conditions"])
