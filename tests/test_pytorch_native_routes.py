@@ -36,6 +36,13 @@ def _pytorch_mm(args) -> None:
     (torch.mm if a.dim() == 2 else torch.bmm)(a, b, out=torch.from_numpy(args.out))
 
 
+def _pytorch_linear(args) -> None:
+    """A CPU stand-in for the `torch` backend's linear kernel with a bias: aten's own addmm."""
+    CALLS["pytorch_linear"] += 1
+    x, w, b = (torch.from_numpy(np.asarray(t)) for t in args.inputs)
+    torch.addmm(b, x, w.t(), out=torch.from_numpy(args.out))
+
+
 @pytest.fixture
 def cpu_routing():
     for registry in routed_registry():
@@ -43,6 +50,7 @@ def cpu_routing():
             Backend("torch", "cpu", empty=lambda shape, dtype, device, stream: np.empty(shape, dtype))
         )
         registry.register_kernel(kernel("matmul", "torch", backend="torch", dtypes={"float32"})(_pytorch_mm))
+        registry.register_kernel(kernel("linear", "torch", backend="torch", dtypes={"float32"})(_pytorch_linear))
         assert native_routes.load() is not None, native_routes.status()
         yield registry
 
@@ -262,3 +270,25 @@ def test_a_tuning_scope_keeps_every_call_in_python(cpu_routing):
         after = _stats()
     assert after["native_calls"] == before["native_calls"] and after["learned"] == before["learned"]
     assert native_routes.scope_token(xrt.KernelPolicy(autotune=True)) == -1
+
+
+def test_linear_with_bias_through_pytorch_linear_kernel_is_learned(cpu_routing):
+    """matmul=torch names linear's `torch` kernel too (its family): nn.Linear's addmm is aten's own addmm,
+    learned on the first call; a scaled addmm (beta, alpha) keeps its own decisions."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(6, 5)
+    x = torch.randn(4, 6)
+    expected = x.double().numpy() @ lin.weight.double().detach().numpy().T + lin.bias.double().detach().numpy()
+    xtorch.set_kernel_policy(xrt.KernelPolicy({"matmul": "torch"}, validate=cpu_routing))
+    with torch.no_grad():
+        outs = [lin(x) for _ in range(3)]
+    assert CALLS["pytorch_linear"] == 1
+    for out in outs:
+        np.testing.assert_allclose(out.numpy(), expected, rtol=1e-5, atol=1e-6)
+    scaled = torch.addmm(lin.bias.detach(), x, lin.weight.detach().t(), beta=0.5, alpha=2.0)
+    np.testing.assert_allclose(
+        scaled.numpy(),
+        2.0 * (expected - lin.bias.detach().numpy()) + 0.5 * lin.bias.detach().numpy(),
+        rtol=1e-5,
+        atol=1e-5,
+    )

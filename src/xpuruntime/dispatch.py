@@ -195,10 +195,11 @@ class Dispatcher:
         )
 
     # -- introspection -----------------------------------------------------------------------
-    def plan(self, op: str, *inputs: Any, out: Any = None, **attrs: Any) -> Plan:
-        """The (cached) plan a call would use, without running it; attributes by keyword, defaults filled."""
+    def plan(self, op: str, *inputs: Any, out: Any = None, policy: KernelPolicy | None = None, **attrs: Any) -> Plan:
+        """The (cached) plan a call would use, without running it; attributes by keyword, defaults filled.
+        `policy`: the one in force here when None."""
         schema = self.registry.op(op)
-        policy = current_policy()
+        policy = policy or current_policy()
         inputs, attrs_, out = normalize_call(schema, fill_inputs(schema, inputs), attr_values(schema, attrs), out)
         key = plan_key(op, policy.fingerprint, attrs_, inputs, out)
         return self.plans.get(key) or self._plan_miss(op, inputs, attrs_, out, policy, key)

@@ -121,15 +121,16 @@ def dispatch(op: str, inputs: tuple, attrs: tuple = (), warn: bool = True, polic
         return None
 
 
-# kernels whose launch for the override's call is exactly the aten op's own kernel
-PYTORCH_OWN_KERNELS = {"matmul": "torch"}
+# kernels whose launch for the overrides' calls (mm, bmm; addmm as linear with a bias and no activation)
+# is exactly the aten op's own kernel
+PYTORCH_OWN_KERNELS = {"matmul": "torch", "linear": "torch"}
 
 
-def runs_pytorch_kernel(op: str, inputs: tuple) -> bool | None:
-    """Whether the plan that just ran `op` on `inputs` runs PyTorch's own kernel and nothing else (no sync,
-    no workspace); None when there is no plan to ask."""
+def runs_pytorch_kernel(op: str, inputs: tuple, policy: Any = None) -> bool | None:
+    """Whether the plan that just ran `op` on `inputs` (under `policy`, None: the one in force) runs
+    PyTorch's own kernel and nothing else (no sync, no workspace); None when there is no plan to ask."""
     try:
-        plan = get_dispatcher().plan(op, *inputs)
+        plan = get_dispatcher().plan(op, *inputs, policy=policy)
     except Exception:  # the call ran, so this is not expected; just learn nothing
         return None
     own = PYTORCH_OWN_KERNELS.get(op)
