@@ -8,6 +8,9 @@ which are separate aten operators and never overridden.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 
 from ..policy import KernelPolicy, current_policy
@@ -20,30 +23,30 @@ from .routing import attrs_for, dispatch, memoized, nested, routed_ops, runs_pyt
 _mm_out, _bmm_out, _addmm_out = torch.mm, torch.bmm, torch.addmm
 
 
-@python_route("mm")
-def routed_mm(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, Decision]:
-    """aten::mm: 2-D product through `matmul` when the policy steers it; and whether PyTorch's own
-    kernel ran (see `native_routes.python_route`)."""
+def _routed_product(
+    aten_out: Callable, shape: tuple[int, ...], a: torch.Tensor, b: torch.Tensor
+) -> tuple[Any, Decision]:
+    """mm / bmm: the product through `matmul` when the policy steers it, else `aten_out` (PyTorch's kernel,
+    into a new `shape` output); and whether PyTorch's own kernel ran (see `native_routes.python_route`)."""
     if nested():
-        return _mm_out(a, b, out=a.new_empty((a.shape[0], b.shape[1]))), None
+        return aten_out(a, b, out=a.new_empty(shape)), None
     if "matmul" in routed_ops(current_policy()):
         out = dispatch("matmul", (a, b))
         if out is not None:
             return out, lambda: runs_pytorch_kernel("matmul", (a, b))
-    return _mm_out(a, b, out=a.new_empty((a.shape[0], b.shape[1]))), True
+    return aten_out(a, b, out=a.new_empty(shape)), True
+
+
+@python_route("mm")
+def routed_mm(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, Decision]:
+    """aten::mm: 2-D product."""
+    return _routed_product(_mm_out, (a.shape[0], b.shape[1]), a, b)
 
 
 @python_route("bmm")
 def routed_bmm(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, Decision]:
-    """aten::bmm: batched product through `matmul` when the policy steers it; and whether PyTorch's own
-    kernel ran."""
-    if nested():
-        return _bmm_out(a, b, out=a.new_empty((a.shape[0], a.shape[1], b.shape[2]))), None
-    if "matmul" in routed_ops(current_policy()):
-        out = dispatch("matmul", (a, b))
-        if out is not None:
-            return out, lambda: runs_pytorch_kernel("matmul", (a, b))
-    return _bmm_out(a, b, out=a.new_empty((a.shape[0], a.shape[1], b.shape[2]))), True
+    """aten::bmm: batched product."""
+    return _routed_product(_bmm_out, (a.shape[0], a.shape[1], b.shape[2]), a, b)
 
 
 def mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -74,20 +77,18 @@ def routed_addmm(
         return _addmm_out(bias, a, b, beta=beta, alpha=alpha, out=a.new_empty((a.shape[0], b.shape[1]))), None
     policy = current_policy()
     steered = routed_ops(policy)
-    out = None
     if beta == 1 and alpha == 1 and bias.dim() == 1 and ("linear" in steered or "matmul" in steered):
         out = _as_linear(bias, a, b, policy)
         if out is not None:  # linear's `torch` kernel is aten's addmm for this call
             return out, lambda: runs_pytorch_kernel("linear", (a, b.t(), bias), family_policy(policy))
-    if out is None and "matmul" in steered:
+    if "matmul" in steered:
         out = dispatch("matmul", (a, b))
         if out is not None:
             if alpha != 1:
                 out.mul_(alpha)
             if beta != 0:
                 out.add_(bias, alpha=beta)
-    if out is not None:
-        return out, False
+            return out, False
     return _addmm_out(bias, a, b, beta=beta, alpha=alpha, out=a.new_empty((a.shape[0], b.shape[1]))), True
 
 

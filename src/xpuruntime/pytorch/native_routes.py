@@ -66,11 +66,6 @@ def load() -> Any | None:
     return _ext.ops
 
 
-def loaded() -> Any | None:
-    """The extension's ops if already loaded (never builds)."""
-    return _ext.ops
-
-
 def status() -> str:
     if _ext.ops is not None:
         return "native (C++) matrix-product routes"
