@@ -31,7 +31,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=8)
     args = p.parse_args()
     timer = bench.default_timer("device")
-    autotune.LISTENERS.append(
+    autotune.ARBITERS.append(
         lambda op, key, times, backends: print(f"  tuned {op}: { ({k: round(v) for k, v in times.items()}) } µs")
     )
     for row in bench.select(bench.discover()[0], args.only):

@@ -15,6 +15,7 @@ import torch
 
 import xpuruntime as xrt
 import xpuruntime.pytorch as xtorch
+from xpuruntime import autotune
 from xpuruntime.dispatch import Dispatcher
 from xpuruntime.pytorch import handback, overrides, routing
 from xpuruntime.registry import OPS_PACKAGE, Backend, Registry, _declared, _submodules, kernel
@@ -174,6 +175,18 @@ def routed_registry() -> Iterator[Registry]:
         overrides.route_devices(("cuda",))
         routing.use_dispatcher(None)
         CALLS.clear()
+
+
+def fake_timings(monkeypatch) -> dict[str, float]:
+    """Make tuning report the µs per kernel put in the returned dict instead of timing (nothing reaches
+    the disk cache)."""
+    times: dict[str, float] = {}
+    monkeypatch.setattr(
+        autotune, "time_candidates", lambda d, dec, cands, i, p: {c.kernel.name: times[c.kernel.name] for c in cands}
+    )
+    monkeypatch.setattr(autotune.STORE, "get", lambda key: None)
+    monkeypatch.setattr(autotune.STORE, "put", lambda key, value: None)
+    return times
 
 
 @contextlib.contextmanager

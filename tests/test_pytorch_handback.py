@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from pytorch_cpu_routing import CALLS, routed_registry
+from pytorch_cpu_routing import CALLS, fake_timings, routed_registry
 
 import xpuruntime as xrt
 import xpuruntime.pytorch as xtorch
-from xpuruntime import autotune
+from xpuruntime.dispatch import Dispatcher
 from xpuruntime.pytorch import handback
 from xpuruntime.registry import Backend, kernel
 
@@ -44,14 +44,7 @@ def _torch_ln(args):
 
 @pytest.fixture
 def timed(monkeypatch):
-    """Tuning reports the given µs per kernel instead of timing (and nothing reaches the disk cache)."""
-    times: dict[str, float] = {}
-    monkeypatch.setattr(
-        autotune, "time_candidates", lambda d, dec, cands, i, p: {c.kernel.name: times[c.kernel.name] for c in cands}
-    )
-    monkeypatch.setattr(autotune.STORE, "get", lambda key: None)
-    monkeypatch.setattr(autotune.STORE, "put", lambda key, value: None)
-    return times
+    return fake_timings(monkeypatch)
 
 
 def _train(steps: int) -> list[torch.Tensor]:
@@ -111,6 +104,28 @@ def test_family_keeps_routing_when_ours_beats_pytorch_by_more_than_the_cost(regi
     _train(2)
     assert xtorch.handed_back() == {} and "matmul" in xtorch.installed_overrides()
     assert CALLS["matmul"] == calls + 10  # 2 forward and 3 backward products per step, all ours
+
+
+def test_a_signature_gaining_less_than_the_routing_cost_runs_pytorch_kernel(registry, timed):
+    """Before any hand-back, each tuned signature whose gain is under the routing cost runs PyTorch's."""
+    timed.update(test_mm=5.0, torch_mm=5.0 + handback.ROUTING_COST_US["matmul"] / 2)
+    xtorch.set_kernel_policy(xrt.KernelPolicy({"matmul": "autotune"}, validate=registry))
+    a, b = torch.randn(4, 6), torch.randn(6, 3)
+    with torch.no_grad():
+        out = torch.mm(a, b)
+    assert CALLS["torch_mm"] == 1 and CALLS["matmul"] == 0
+    torch.testing.assert_close(out, (a.double() @ b.double()).float())
+
+
+def test_direct_calls_under_autotune_keep_the_fastest_kernel(registry, timed):
+    """The routing cost is charged to the calls the overrides route, not to xrt.ops-style calls."""
+    timed.update(test_mm=5.0, torch_mm=5.0 + handback.ROUTING_COST_US["matmul"] / 2)
+    xtorch.set_kernel_policy(xrt.KernelPolicy({"matmul": "autotune"}, validate=registry))
+    rng = np.random.default_rng(0)
+    a, b = (rng.standard_normal(shape).astype(np.float32) for shape in ((4, 6), (6, 3)))
+    out = Dispatcher(registry).run("matmul", (a, b))
+    assert CALLS["matmul"] == 1 and CALLS["torch_mm"] == 0
+    np.testing.assert_allclose(out, a.astype(np.float64) @ b, rtol=1e-5)
 
 
 def test_an_op_without_a_pytorch_candidate_does_not_keep_its_family_routed(registry, timed):

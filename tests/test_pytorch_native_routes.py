@@ -3,6 +3,7 @@ and that every call still ends where the Python route would send it."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -13,12 +14,12 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from pytorch_cpu_routing import CALLS, policy, routed_registry
+from pytorch_cpu_routing import CALLS, fake_timings, policy, routed_registry
 
 import xpuruntime as xrt
 import xpuruntime.pytorch as xtorch
 from xpuruntime.errors import UnsupportedByPolicyError
-from xpuruntime.pytorch import native_routes, overrides
+from xpuruntime.pytorch import handback, native_routes, overrides
 from xpuruntime.registry import Backend, kernel
 
 pytestmark = [
@@ -216,7 +217,7 @@ def test_a_rebuild_never_lets_a_call_reach_aten_directly(cpu_routing):
 def test_without_the_extension_the_python_route_serves():
     code = (
         "import torch, xpuruntime.pytorch as xt\n"
-        "from xpuruntime.pytorch import native_routes, overrides\n"
+        "from xpuruntime.pytorch import handback, native_routes, overrides\n"
         "overrides.route_devices(('cpu',))\n"
         "xt.set_kernel_policy(matmul='numpy_blas')\n"
         "a = torch.randn(3, 4); b = torch.randn(4, 2)\n"
@@ -258,18 +259,37 @@ def test_decisions_are_kept_per_scoped_policy(cpu_routing):
     assert CALLS["matmul"] == 6
 
 
-def test_a_tuning_scope_keeps_every_call_in_python(cpu_routing):
+@pytest.mark.parametrize("scoped", [False, True])
+def test_autotune_learns_a_signature_once_tuned_to_pytorch_kernel(cpu_routing, monkeypatch, scoped):
+    """Ours gains less than the routing cost: the plan runs PyTorch's kernel, learned after the first call
+    (under the process policy or a scoped one)."""
+    fake_timings(monkeypatch).update(test_mm=5.0, torch=5.0 + handback.ROUTING_COST_US["matmul"] / 2)
     a, b = torch.randn(4, 6), torch.randn(6, 5)
-    xtorch.set_kernel_policy(xrt.KernelPolicy({"matmul": "torch"}, validate=cpu_routing))
-    _calls(2, a, b)
-    with xtorch.kernel_policy(autotune=True):
+    expected = (a.double() @ b.double()).float()
+    tuned = xrt.KernelPolicy({"matmul": "autotune"}, validate=cpu_routing)
+    with contextlib.ExitStack() as stack:
+        if scoped:
+            xtorch.set_kernel_policy(policy("matmul", registry=cpu_routing))
+            stack.enter_context(xtorch.kernel_policy(tuned))
+        else:
+            xtorch.set_kernel_policy(tuned)
         before = _stats()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            _calls(3, a, b)
+        outs = _calls(4, a, b)
         after = _stats()
-    assert after["native_calls"] == before["native_calls"] and after["learned"] == before["learned"]
-    assert native_routes.scope_token(xrt.KernelPolicy(autotune=True)) == -1
+    assert CALLS["pytorch_own"] == 1 and CALLS["matmul"] == 0
+    assert after["native_calls"] - before["native_calls"] == 3 and after["learned"] == before["learned"] + 1
+    for out in outs:
+        torch.testing.assert_close(out, expected)
+
+
+def test_autotune_keeps_the_python_route_where_ours_pays_for_it(cpu_routing, monkeypatch):
+    fake_timings(monkeypatch).update(test_mm=5.0, torch=5.0 + 3 * handback.ROUTING_COST_US["matmul"])
+    xtorch.set_kernel_policy(xrt.KernelPolicy({"matmul": "autotune"}, validate=cpu_routing))
+    a, b = torch.randn(4, 6), torch.randn(6, 5)
+    before = _stats()
+    _calls(4, a, b)
+    assert CALLS["matmul"] == 4 and CALLS["pytorch_own"] == 0
+    assert _stats()["native_calls"] == before["native_calls"]
 
 
 def test_linear_with_bias_through_pytorch_linear_kernel_is_learned(cpu_routing):

@@ -67,8 +67,9 @@ class _Store:
 
 
 STORE = _Store()
-# called as listener(op, key, times_us, backend_of_kernel) after each tuned signature (measured or stored)
-LISTENERS: list[Callable[[str, str, dict[str, float], dict[str, str]], None]] = []
+# asked as arbiter(op, key, times_us, backend_of_kernel) after each tuned signature (measured or stored);
+# one may name the kernel to run instead of the fastest (the PyTorch front end weighs its routing cost)
+ARBITERS: list[Callable[[str, str, dict[str, float], dict[str, str]], str | None]] = []
 
 
 def cache_key(decision: Decision, names: list[str]) -> str:
@@ -93,31 +94,41 @@ def tune(dispatcher: Dispatcher, decision: Decision, inputs: tuple, policy: Kern
     """The decision with the fastest supported kernel for this call (reason "autotune")."""
     supported = [c for c in decision.candidates if c.supported]
     if len(supported) <= 1:
-        _tell(decision, "", {c.kernel.name: 0.0 for c in supported}, supported)
+        _arbitrate(decision, "", {c.kernel.name: 0.0 for c in supported}, supported)
         return dataclasses.replace(decision, reason=REASON)
     names = [c.kernel.name for c in supported]
     key = cache_key(decision, names)
     stored = STORE.get(key)
-    winner = stored.get("kernel") if stored else None
-    times = stored.get("times_us") if stored else None
-    if winner not in names or not isinstance(times, dict):
+    stored = stored if isinstance(stored, dict) else {}
+    winner, times = stored.get("kernel"), stored.get("times_us")
+    if not _usable(winner, times, names):
         times = time_candidates(dispatcher, decision, supported, inputs, policy)
         if not times:
             return decision
         winner = min(times, key=times.__getitem__)
         STORE.put(key, {"kernel": winner, "times_us": times})
-    _tell(decision, key, times, supported)
+    winner = _arbitrate(decision, key, times, supported) or winner
     chosen = next(c for c in supported if c.kernel.name == winner)
     return dataclasses.replace(decision, kernel=chosen.kernel, reason=REASON)
 
 
-def _tell(decision: Decision, key: str, times: dict[str, float], supported: list[Candidate]) -> None:
-    """Let the listeners (the PyTorch front end's hand-back) see what tuning found."""
-    if LISTENERS:
-        key = key or cache_key(decision, [c.kernel.name for c in supported])
-        backends = {c.kernel.name: c.kernel.backend for c in supported}
-        for listener in LISTENERS:
-            listener(decision.ctx.op, key, times, backends)
+def _usable(winner: Any, times: Any, names: list[str]) -> bool:
+    """Whether a stored tuning result names a candidate and times only candidates, in numbers."""
+    return (
+        winner in names
+        and isinstance(times, dict)
+        and all(name in names and isinstance(t, (int, float)) for name, t in times.items())
+    )
+
+
+def _arbitrate(decision: Decision, key: str, times: dict[str, float], supported: list[Candidate]) -> str | None:
+    """Show the arbiters what tuning found; the first timed kernel one of them names, if any."""
+    if not ARBITERS:
+        return None
+    key = key or cache_key(decision, [c.kernel.name for c in supported])
+    backends = {c.kernel.name: c.kernel.backend for c in supported}
+    named = [arbiter(decision.ctx.op, key, times, backends) for arbiter in ARBITERS]
+    return next((name for name in named if name in times), None)
 
 
 def time_candidates(

@@ -1,16 +1,18 @@
-"""Autotune hands an op back to PyTorch when routing it through xpuruntime cannot pay for itself.
+"""Autotune hands a call signature, then a whole op family, back to PyTorch when routing it through
+xpuruntime cannot pay for itself.
 
 A routed call costs host time that PyTorch's own call does not (the Python override, the dispatcher,
 an autograd Function for attention and the norms), and an eager training step is usually host-bound.
-So under `autotune` each tuned signature gets a verdict: route it only when the fastest kernel beats
-PyTorch's own (the `torch` backend's candidates, timed in the same tuning) by more than that op's
-routing cost (`ROUTING_COST_US`, measured on the H100 with `benchmarks/pytorch_host_cost_cuda.py
---layers`). When every signature of an op family has said "PyTorch" and no new signature has appeared
-for a while, the family is handed back: the policy stops steering it and its aten overrides are
-removed once the current backward has finished (never while an override is running), so the family
-costs nothing again. Signatures first seen afterwards run PyTorch's kernels. An op without a PyTorch
-candidate (e.g. layer_norm_backward) has no say; a family where nothing could be compared keeps
-routing. Explicit kernel names are never handed back.
+So under `autotune` each signature the overrides route gets a verdict when it is tuned: run our fastest
+kernel only when it beats PyTorch's own (the `torch` backend's candidates, timed in the same tuning) by
+more than that op's routing cost (`ROUTING_COST_US`); otherwise the plan runs PyTorch's kernel, which
+the native matrix-product routes then reach without Python. When every signature of an op family has
+said "PyTorch" and no new signature has appeared for a while, the family is handed back: the policy
+stops steering it and its aten overrides are removed once the current backward has finished (never while
+an override is running), so the family costs nothing again. Signatures first seen afterwards run
+PyTorch's kernels. An op without a PyTorch candidate (e.g. layer_norm_backward) has no say; a family
+where nothing could be compared keeps routing. Explicit kernel names are never handed back, and calls
+made through `xrt.ops` directly keep the fastest kernel.
 """
 
 from __future__ import annotations
@@ -26,9 +28,10 @@ from ..policy import KernelPolicy, current_policy
 
 log = logging.getLogger("xpuruntime.pytorch")
 
-# host µs a routed call adds over PyTorch's own call on the H100 (bf16 GPT shapes): a GEMM through the
-# backend-key override, and each direction (forward or backward) of an autograd-Function route
-ROUTING_COST_US = {"matmul": 20.0, "attention": 250.0, "layer_norm": 200.0, "rms_norm": 200.0}
+# host µs a routed call adds over PyTorch's own call in the GPT example's training step on the H100
+# (bf16; the step's profile, BENCHMARKS.md): a GEMM through the Python route, and each direction
+# (forward or backward) of an autograd-Function route
+ROUTING_COST_US = {"matmul": 40.0, "attention": 250.0, "layer_norm": 200.0, "rms_norm": 200.0}
 TIMING_NOISE = 0.03  # a gain within 3 % of PyTorch's time is not trusted (single-launch event timings)
 QUIET_CALLS = 32  # routed calls of a family without a new signature before it may be handed back
 
@@ -69,17 +72,23 @@ def steering(policy: KernelPolicy) -> tuple:
     return key
 
 
-def on_tuned(op: str, key: str, times: dict[str, float], backends: dict[str, str]) -> None:
-    """Autotune listener: record whether routing this signature beats PyTorch's own kernel by enough."""
+def on_tuned(op: str, key: str, times: dict[str, float], backends: dict[str, str]) -> str | None:
+    """Autotune arbiter for the calls the overrides route: record whether this signature beats PyTorch's
+    own kernel by more than the routing cost, and if not, name PyTorch's fastest kernel to run."""
+    from . import routing
+
     family = _FAMILY_OF.get(op)
-    if family is None:
-        return
+    if family is None or not routing.ROUTING.depth:
+        return None
     route, why = verdict(op, times, backends, ROUTING_COST_US.get(family, 0.0))
     with _lock:
         state = _states.setdefault((steering(current_policy()), family), _Family())
         if key not in state.verdicts:
             state.quiet = 0
         state.verdicts[key] = (route, why)
+    if route is False:
+        return min((name for name in times if backends.get(name) == "torch"), key=times.__getitem__)
+    return None
 
 
 def verdict(op: str, times: dict[str, float], backends: dict[str, str], cost_us: float) -> tuple[bool | None, str]:
@@ -157,5 +166,5 @@ def reset() -> None:
     overrides.refresh_overrides()
 
 
-if on_tuned not in autotune.LISTENERS:
-    autotune.LISTENERS.append(on_tuned)
+if on_tuned not in autotune.ARBITERS:
+    autotune.ARBITERS.append(on_tuned)

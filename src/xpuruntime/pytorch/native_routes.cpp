@@ -101,8 +101,8 @@ Decisions& decisions() {
   return table;
 }
 
-// The scoped policies open on this thread, innermost last, as tokens from Python: a positive token keys the
-// decisions learned under that policy; a negative one (a policy that tunes) keeps every call in Python.
+// The scoped policies open on this thread, innermost last, as tokens from Python: a token keys the
+// decisions learned under that policy (0: the process policy).
 thread_local std::vector<int64_t> scope_tokens;
 
 int64_t current_token() { return scope_tokens.empty() ? 0 : scope_tokens.back(); }
@@ -111,7 +111,7 @@ int64_t current_token() { return scope_tokens.empty() ? 0 : scope_tokens.back();
 int64_t lookup(const Key& key, bool* native) {
   *native = false;
   Decisions& table = decisions();
-  if (!table.enabled.load(std::memory_order_relaxed) || current_token() < 0) return -1;
+  if (!table.enabled.load(std::memory_order_relaxed)) return -1;
   int64_t epoch = -1;
   int found = table.find(key, &epoch);
   if (found == 1) {

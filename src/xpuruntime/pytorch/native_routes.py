@@ -7,8 +7,8 @@ what it decided; from then on a call that the route hands to PyTorch's kernel (t
 PyTorch's own, or declines the call) runs that kernel straight from C++, and the rest keep the Python
 route. Decisions are forgotten whenever one could change (`reset`): the process policy, the registry, the
 dispatch observers, the installed overrides. They are kept per policy (the process one, or the scoped
-policy open on the calling thread), and neither used nor learned under a policy that tunes or while
-dispatch logging or profiling observes calls.
+policy open on the calling thread), and neither used nor learned while dispatch logging or profiling
+observes calls. Under `autotune` a signature is learned once it is tuned: its plan is fixed from then on.
 
 The extension is compiled on first use with PyTorch's C++ extension tools (a C++ compiler and ninja)
 into the xpuruntime cache folder, once per source, PyTorch and Python version. Where it cannot be built,
@@ -194,8 +194,7 @@ def reset(routing: bool | None = None) -> None:
         policy = process_policy()
     except XpuRuntimeError:  # a malformed environment policy: every routed call raises it anyway
         policy = None
-    sound = policy is not None and not (dispatch_log.OBSERVERS or policy.autotune or policy.autotune_ops)
-    _ext.ops.reset(_ext.routing and sound)
+    _ext.ops.reset(_ext.routing and policy is not None and not dispatch_log.OBSERVERS)
 
 
 class _Scopes(threading.local):
@@ -207,11 +206,9 @@ _scopes = _Scopes()
 
 
 def scope_token(policy: KernelPolicy | None) -> int:
-    """What the extension keys a policy's decisions by: 0 for the process policy, the scoped policy's
-    fingerprint serial + 1, or -1 for a policy that tunes (its decisions change as it tunes)."""
-    if policy is None:
-        return 0
-    return -1 if policy.autotune or policy.autotune_ops else policy.fingerprint.serial + 1
+    """What the extension keys a policy's decisions by: 0 for the process policy, else the scoped
+    policy's fingerprint serial + 1."""
+    return 0 if policy is None else policy.fingerprint.serial + 1
 
 
 def scope_entered(policy: KernelPolicy) -> None:
