@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 import xpuruntime.pytorch as xtorch
+from xpuruntime.pytorch import handback, native_routes
 
 ROOT = Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location("train_gpt", ROOT / "examples" / "train_gpt.py")
@@ -116,6 +117,11 @@ def main() -> None:
         print(f"{name:<40}{host:>9.2f}{total:>9.2f}{base / total:>9.3f}x", flush=True)
     for family, why in xtorch.handed_back().items():
         print(f"autotune handed {family} back to PyTorch: {why}")
+    for family, found in handback.verdicts().items():
+        routed = [why for route, why in found if route]
+        print(f"autotune {family}: {len(routed)} of {len(found)} signatures run our kernel", *routed, sep="\n  ")
+    if native_routes.stats():
+        print("native routes:", native_routes.stats())
     if collections:
         collections.report(args.rounds)
 

@@ -25,10 +25,10 @@ def plan_key(op: str, fingerprint: int, attrs: tuple, inputs: tuple, out: Any) -
     TypeError for an unhashable attribute (the caller then normalizes too).
     """
     tensor = arrays.loaded_tensor_type  # arrays, CUDA tensors and Python scalars inline (hot cases); the rest below
+    cuda_key = arrays.cuda_tensor_key
     sigs = [
         (x.dtype, x.shape, x.strides) if type(x) is ndarray
-        else (x.dtype, x.shape, x.is_contiguous() or x.stride(), x.get_device(), not x.data_ptr() & 15)
-        if type(x) is tensor and x.is_cuda
+        else cuda_key(x) if type(x) is tensor and x.is_cuda
         else type(x) if type(x) in SCALAR_TYPES
         else signature(x)
         for x in inputs

@@ -154,6 +154,10 @@ class Dispatcher:
 
             decision = tune(self, decision, inputs, policy)
         plan = self.make_plan(decision, policy)
+        if plan.device.startswith("cuda"):  # plan keys of CUDA tensors are cheaper in C
+            from .runtime import extension
+
+            extension.load_soon()
         # a kernel registered meanwhile may beat this plan: then use it for this call only
         self.plans.put(key, plan, still_valid=lambda: self.registry.generation == generation)
         return plan

@@ -149,6 +149,15 @@ def handed_back() -> dict[str, str]:
         return dict(_reasons)
 
 
+def verdicts() -> dict[str, list[tuple[bool | None, str]]]:
+    """Every tuned signature's verdict per op family (route it to our kernel?, why), all policies."""
+    with _lock:
+        found: dict[str, list[tuple[bool | None, str]]] = {}
+        for (_, family), state in _states.items():
+            found.setdefault(family, []).extend(state.verdicts.values())
+        return found
+
+
 def watching() -> bool:
     """Whether any family has verdicts (the routed path counts calls only then)."""
     return bool(_states)

@@ -10,24 +10,15 @@ dispatch observers, the installed overrides. They are kept per policy (the proce
 policy open on the calling thread), and neither used nor learned while dispatch logging or profiling
 observes calls. Under `autotune` a signature is learned once it is tuned: its plan is fixed from then on.
 
-The extension is compiled on first use with PyTorch's C++ extension tools (a C++ compiler and ninja)
-into the xpuruntime cache folder, once per source, PyTorch and Python version. Where it cannot be built,
-or with XPURUNTIME_NATIVE_ROUTES=0, the Python overrides run as before (`status()` says why).
+The routes are part of xpuruntime's C++ extension (`runtime/extension.py`). Where it cannot be built, or
+with XPURUNTIME_NATIVE=0, the Python overrides run as before (`status()` says why).
 """
 
 from __future__ import annotations
 
-import hashlib
-import logging
-import os
-import shutil
-import sys
-import tempfile
 import threading
-import warnings
 import weakref
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -35,19 +26,14 @@ import torch
 from .. import log as dispatch_log
 from ..errors import XpuRuntimeError
 from ..policy import KernelPolicy, _scoped, process_policy
-from ..runtime.tuning_cache import cache_dir
+from ..runtime import extension
 
-SOURCE = Path(__file__).resolve().with_name("native_routes.cpp")
-ENV_SWITCH = "XPURUNTIME_NATIVE_ROUTES"
 ROUTE_IDS = {"mm": 0, "bmm": 1, "addmm": 2}  # RouteOp in the C++ source
-
-log = logging.getLogger("xpuruntime.pytorch")
 
 
 class _Extension:
     ops: Any = None  # torch.ops.xpuruntime_native once loaded
     tried = False
-    why_not: str | None = None
     python_routes: torch.library.Library | None = None
     routing = False  # native overrides installed now
 
@@ -57,11 +43,15 @@ _lock = threading.Lock()
 
 
 def load() -> Any | None:
-    """The extension's ops, built and loaded on first call; None where it cannot be (see `status`)."""
+    """The extension's ops with the Python routes registered, on first call; None where the extension
+    cannot be built (see `status`)."""
     if not _ext.tried:
         with _lock:
             if not _ext.tried:
-                _ext.ops = _build()
+                if extension.load() is not None:
+                    _ext.python_routes = _register_python_routes()
+                    dispatch_log.on_observers_changed(reset)
+                    _ext.ops = torch.ops.xpuruntime_native
                 _ext.tried = True
     return _ext.ops
 
@@ -69,46 +59,7 @@ def load() -> Any | None:
 def status() -> str:
     if _ext.ops is not None:
         return "native (C++) matrix-product routes"
-    return _ext.why_not or "not built yet"
-
-
-def _build() -> Any | None:
-    if os.environ.get(ENV_SWITCH, "1") == "0":
-        _ext.why_not = f"disabled by {ENV_SWITCH}=0"
-        return None
-    tag = hashlib.sha256(SOURCE.read_bytes() + f"{torch.__version__} {sys.version}".encode()).hexdigest()[:16]
-    library = cache_dir() / "native" / f"xpuruntime_native_{tag}.so"
-    try:
-        if library.exists():
-            torch.ops.load_library(str(library))
-        else:
-            _compile_and_load(tag, library)
-    except Exception as exc:  # no compiler, no ninja, unwritable cache: the Python overrides serve
-        _ext.why_not = f"could not build the native routes ({type(exc).__name__}: {str(exc).splitlines()[0]})"
-        log.info("xpuruntime.pytorch: %s; the Python overrides run instead", _ext.why_not)
-        return None
-    _ext.python_routes = _register_python_routes()
-    dispatch_log.on_observers_changed(reset)
-    return torch.ops.xpuruntime_native
-
-
-def _compile_and_load(tag: str, library: Path) -> None:
-    """Compile in a folder of this process's own (PyTorch's build lock waits forever on a lock file that
-    a killed build left behind), load, then publish the library with an atomic rename."""
-    from torch.utils import cpp_extension
-
-    library.parent.mkdir(parents=True, exist_ok=True)
-    build = Path(tempfile.mkdtemp(prefix=f"build-{tag}-", dir=library.parent))
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # e.g. "no CUDA runtime found" on CPU builds
-            cpp_extension.load(
-                name=library.stem, sources=[str(SOURCE)], build_directory=str(build), extra_cflags=["-O2"],
-                is_python_module=False, verbose=False,
-            )  # fmt: skip
-        os.replace(build / library.name, library)
-    finally:
-        shutil.rmtree(build, ignore_errors=True)
+    return extension.status()
 
 
 # -- the Python side of each route -------------------------------------------------------------------

@@ -26,6 +26,7 @@ import torch
 from ..dispatch import track_launches
 from ..errors import XpuRuntimeError
 from ..policy import KernelPolicy, process_policy
+from ..runtime import extension
 from . import aten_attention, aten_matmul, aten_norm, native_routes
 from .routing import routed_ops
 
@@ -35,7 +36,7 @@ for _module in (aten_matmul, aten_attention, aten_norm):
         ROUTES[_op] = ROUTES.get(_op, ()) + _routes
 
 _BUILTIN_MARKERS = ("aten/src/ATen", "torch/csrc", "build/aten")
-_OWN_SOURCES = {str(Path(__file__).resolve()), __file__, str(native_routes.SOURCE)}  # where our overrides register
+_OWN_SOURCES = {str(Path(__file__).resolve()), __file__, *map(str, extension.SOURCES)}  # where our overrides register
 _DEVICE_KEYS = {"cuda": ("CUDA", "AutogradCUDA"), "cpu": ("CPU", "AutogradCPU")}
 
 

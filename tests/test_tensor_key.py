@@ -1,0 +1,107 @@
+"""The dispatcher's CUDA-tensor key in C (runtime/tensor_key.cpp) gives exactly the Python key's tuples,
+so plans made with either stay valid when the extension loads; and how the extension gets loaded."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import threading
+
+import pytest
+import torch
+
+from xpuruntime import arrays
+from xpuruntime.runtime import extension
+
+needs_compiler = pytest.mark.skipif(
+    shutil.which(os.environ.get("CXX", "c++")) is None, reason="no C++ compiler: the extension cannot build"
+)
+
+
+def _tensors(device: str) -> list[torch.Tensor]:
+    base = torch.randn(6, 10, device=device)
+    return [
+        base,
+        base.t(),  # transposed: strides
+        base[1:, 3:],  # an offset: 4-byte steps break 16-byte alignment
+        base[:, ::3],  # strided columns
+        base[:1],  # a size-1 dim
+        torch.randn(1, 7, device=device).expand(5, 7),  # stride 0
+        torch.empty(0, 4, device=device),
+        torch.tensor(2.5, device=device),  # 0-dim
+        torch.randn(2, 3, 4, 5, device=device).to(memory_format=torch.channels_last),
+        torch.randn(3, 5, device=device, dtype=torch.bfloat16),
+        torch.randn(3, 5, device=device, dtype=torch.complex64),
+        torch.ones(4, device=device, dtype=torch.bool),
+        torch.nn.Parameter(torch.randn(3, 3, device=device)),  # a subclass
+        torch.randn(4, 4, device=device, requires_grad=True) * 2,  # an autograd result
+    ]
+
+
+def _check_keys_match(device: str) -> None:
+    c_key = extension.load().cuda_tensor_key
+    for t in _tensors(device):
+        got, want = c_key(t), arrays.python_cuda_tensor_key(t)
+        assert got == want and hash(got) == hash(want), (t.shape, t.stride(), got, want)
+        assert [type(x) for x in got] == [type(x) for x in want]
+
+
+@needs_compiler
+def test_c_key_equals_the_python_key_on_every_layout():
+    _check_keys_match("cpu")  # the function reads any tensor; the dispatcher calls it for CUDA ones
+
+
+@needs_compiler
+def test_c_key_names_a_wrong_argument():
+    c_key = extension.load().cuda_tensor_key
+    with pytest.raises(TypeError, match=r"cuda_tensor_key: expected a tensor, got list"):
+        c_key([1.0, 2.0])
+
+
+@needs_compiler
+def test_loading_the_extension_switches_the_dispatcher_key_to_c():
+    module = extension.load()
+    assert arrays.cuda_tensor_key is module.cuda_tensor_key
+    assert extension.status() == "built and loaded"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@needs_compiler
+def test_c_key_equals_the_python_key_on_cuda_tensors():
+    _check_keys_match("cuda")
+
+
+def test_load_soon_builds_on_a_background_thread_once(monkeypatch, tmp_path):
+    """No library yet: one background build starts, and the calling thread does not wait for it."""
+    release, threads = threading.Event(), []
+
+    def slow_build():
+        threads.append(threading.current_thread().name)
+        release.wait(10)
+        return None
+
+    state = extension._State()
+    monkeypatch.setattr(extension, "_state", state)
+    monkeypatch.setattr(extension, "_library", lambda: tmp_path / "missing.so")
+    monkeypatch.setattr(extension, "_build_and_load", slow_build)
+    monkeypatch.delenv(extension.ENV_SWITCH, raising=False)
+    extension.load_soon()
+    extension.load_soon()
+    assert state.building and not state.tried
+    release.set()
+    assert extension.load() is None  # waits for the build under way
+    assert threads == ["xpuruntime-extension-build"] and state.tried
+
+
+def test_disabled_extension_keeps_the_python_key():
+    code = (
+        "import torch\nfrom xpuruntime import arrays\nfrom xpuruntime.runtime import extension\n"
+        "assert extension.load() is None\nassert arrays.cuda_tensor_key is arrays.python_cuda_tensor_key\n"
+        "print(extension.status())\n"
+    )
+    env = {**os.environ, extension.ENV_SWITCH: "0"}
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "disabled by XPURUNTIME_NATIVE=0" in result.stdout
