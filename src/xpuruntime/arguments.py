@@ -4,7 +4,7 @@ defaults, and the plan-cache key (built here and nowhere else)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
 import numpy as np
@@ -18,17 +18,16 @@ from .errors import ArgumentError, DTypeError
 from .schema import OpSchema
 
 
-def plan_key(op: str, fingerprint: int, attrs: tuple, inputs: tuple, out: Any) -> Hashable:
+def python_plan_key(op: str, fingerprint: int, attrs: tuple, inputs: tuple, out: Any) -> Hashable:
     """(op, policy fingerprint, attributes and their types, each argument's signature, out's signature).
 
     Raises NotAnArray for an argument that `normalize_call` must convert first; hashing the key raises
     TypeError for an unhashable attribute (the caller then normalizes too).
     """
     tensor = arrays.loaded_tensor_type  # arrays, CUDA tensors and Python scalars inline (hot cases); the rest below
-    cuda_key = arrays.cuda_tensor_key
     sigs = [
         (x.dtype, x.shape, x.strides) if type(x) is ndarray
-        else cuda_key(x) if type(x) is tensor and x.is_cuda
+        else arrays.python_cuda_tensor_key(x) if type(x) is tensor and x.is_cuda
         else type(x) if type(x) in SCALAR_TYPES
         else signature(x)
         for x in inputs
@@ -37,6 +36,11 @@ def plan_key(op: str, fingerprint: int, attrs: tuple, inputs: tuple, out: Any) -
     if tuple in types:
         types = attr_types(attrs)
     return (op, fingerprint, attrs, types, *sigs, None if out is None else signature(out))
+
+
+# the same function in C once xpuruntime's C++ extension is loaded (runtime/extension.py); call it as
+# `arguments.plan_key` so that the switch reaches every caller
+plan_key: Callable[[str, int, tuple, tuple, Any], Hashable] = python_plan_key
 
 
 def normalize_call(schema: OpSchema, inputs: tuple, attrs: tuple, out: Any) -> tuple[tuple, tuple, Any]:

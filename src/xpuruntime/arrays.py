@@ -6,7 +6,6 @@ PyTorch is never imported here: a tensor is recognised only if the user already 
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -48,10 +47,6 @@ def python_cuda_tensor_key(x: Any) -> tuple:
     return (x.dtype, x.shape, x.is_contiguous() or x.stride(), x.get_device(), not x.data_ptr() & 15)
 
 
-# the same, in C once xpuruntime's C++ extension is loaded (runtime/extension.py): ~0.7 µs less per tensor
-cuda_tensor_key: Callable[[Any], tuple] = python_cuda_tensor_key
-
-
 def signature(x: Any) -> Any:
     """A cheap hashable key for the parts of an argument that decide the kernel (hot path).
 
@@ -70,7 +65,7 @@ def signature(x: Any) -> Any:
         return None
     if kind is loaded_tensor_type or is_torch_tensor(x):  # the first test is the fast one for plain tensors
         if x.is_cuda:
-            return python_cuda_tensor_key(x)  # (plan_key has the hot path: plain tensors, through the C key)
+            return python_cuda_tensor_key(x)
         if x.device.type != "cpu":
             return (x.dtype, x.shape, x.stride(), str(x.device))
     raise NotAnArray

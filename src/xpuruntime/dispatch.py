@@ -17,8 +17,9 @@ import warnings
 from collections.abc import Callable, Hashable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from . import arguments
 from .abi import ArgPack, SyncPolicy
-from .arguments import attr_values, fill_inputs, has_cpu_tensor, normalize_call, plan_key
+from .arguments import attr_values, fill_inputs, has_cpu_tensor, normalize_call
 from .arrays import NotAnArray
 from .context import build_context
 from .errors import ArgumentError, KernelFallbackWarning, LaunchError, PolicyError
@@ -94,7 +95,7 @@ class Dispatcher:
         if policy is None:
             policy = current_policy()
         try:
-            key = plan_key(op, policy.fingerprint, attrs, inputs, out)
+            key = arguments.plan_key(op, policy.fingerprint, attrs, inputs, out)
             plan = self.plans.get(key)
         except (NotAnArray, TypeError):
             return self._run_converted(op, inputs, attrs, out, policy)
@@ -132,7 +133,7 @@ class Dispatcher:
         tensors a CPU tensor sharing the result's memory."""
         inputs_, attrs_, out_ = normalize_call(self.registry.op(op), inputs, attrs, out)
         try:
-            hash(plan_key(op, 0, attrs_, inputs_, out_))
+            hash(arguments.plan_key(op, 0, attrs_, inputs_, out_))
         except (NotAnArray, TypeError) as exc:  # never loop: normalized arguments must make a key
             raise ArgumentError(f"{op}: arguments cannot be dispatched ({type(exc).__name__}: {exc})") from None
         result = self.run(op, inputs_, attrs_, out_, policy)
@@ -205,7 +206,7 @@ class Dispatcher:
         schema = self.registry.op(op)
         policy = policy or current_policy()
         inputs, attrs_, out = normalize_call(schema, fill_inputs(schema, inputs), attr_values(schema, attrs), out)
-        key = plan_key(op, policy.fingerprint, attrs_, inputs, out)
+        key = arguments.plan_key(op, policy.fingerprint, attrs_, inputs, out)
         return self.plans.get(key) or self._plan_miss(op, inputs, attrs_, out, policy, key)
 
     def explain(

@@ -13,8 +13,8 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
+from .. import arguments
 from .. import policy as _core_policy
-from ..arguments import plan_key
 from ..policy import AUTOTUNE, KernelPolicy, current_policy
 from .routing import FAMILIES, get_dispatcher
 
@@ -60,7 +60,7 @@ def fell_back(op: str, inputs: tuple, attrs: tuple, policy: KernelPolicy) -> boo
     if (op, policy.fingerprint) not in dispatcher.fallbacks:
         return False
     try:
-        plan = dispatcher.plans.get(plan_key(op, policy.fingerprint, attrs, inputs, None))
+        plan = dispatcher.plans.get(arguments.plan_key(op, policy.fingerprint, attrs, inputs, None))
     except Exception:  # an argument the fast key cannot describe: no cached plan to ask
         return False
     return plan is not None and plan.reason == "fallback"

@@ -1,11 +1,11 @@
-"""xpuruntime's C++ extension: the dispatcher's CUDA-tensor key (`tensor_key.cpp`) and the PyTorch front
-end's native aten routes (`pytorch/native_routes.cpp`), one library.
+"""xpuruntime's C++ extension: the dispatcher's plan-cache key (`plan_key.cpp`) and the PyTorch front end's
+native aten routes (`pytorch/native_routes.cpp`), one library.
 
 It is compiled on first use with PyTorch's C++ extension tools (a C++ compiler and ninja) into the cache
 folder, once per source, PyTorch and Python version. Where it cannot be built, or with XPURUNTIME_NATIVE=0,
 the Python code serves instead (`status()` says why). The dispatcher asks for it on its first plan-cache
 miss with a CUDA tensor (`load_soon`: a build then runs on a background thread, and the Python key serves
-until it is done; both keys are the same tuples, so plans made before stay valid).
+until it is done; both build the same tuples, so plans made before stay valid).
 """
 
 from __future__ import annotations
@@ -23,11 +23,13 @@ import warnings
 from pathlib import Path
 from types import ModuleType
 
-from .. import arrays
+import numpy as np
+
+from .. import arguments, arrays
 from .tuning_cache import cache_dir
 
 SOURCES = (
-    Path(__file__).resolve().with_name("tensor_key.cpp"),
+    Path(__file__).resolve().with_name("plan_key.cpp"),
     Path(__file__).resolve().parents[1] / "pytorch" / "native_routes.cpp",
 )
 ENV_SWITCH = "XPURUNTIME_NATIVE"
@@ -56,8 +58,13 @@ def load() -> ModuleType | None:
                 _state.module = _build_and_load()
                 _state.tried = True
                 if _state.module is not None:
-                    arrays.cuda_tensor_key = _state.module.cuda_tensor_key
+                    _use_c_plan_key(_state.module)
     return _state.module
+
+
+def _use_c_plan_key(module: ModuleType) -> None:
+    module.use_python(np.ndarray, arrays.signature, arguments.attr_types, arguments.python_plan_key)
+    arguments.plan_key = module.plan_key
 
 
 def load_soon() -> None:

@@ -1,5 +1,5 @@
-"""The dispatcher's CUDA-tensor key in C (runtime/tensor_key.cpp) gives exactly the Python key's tuples,
-so plans made with either stay valid when the extension loads; and how the extension gets loaded."""
+"""The dispatcher's plan-cache key in C (runtime/plan_key.cpp) gives exactly the Python key's tuples, so
+plans made with either stay valid when the extension loads; and how the extension gets loaded."""
 
 from __future__ import annotations
 
@@ -9,10 +9,14 @@ import subprocess
 import sys
 import threading
 
+import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from xpuruntime import arrays
+from xpuruntime import arguments, arrays
+from xpuruntime.arrays import NotAnArray
 from xpuruntime.runtime import extension
 
 needs_compiler = pytest.mark.skipif(
@@ -63,14 +67,63 @@ def test_c_key_names_a_wrong_argument():
 @needs_compiler
 def test_loading_the_extension_switches_the_dispatcher_key_to_c():
     module = extension.load()
-    assert arrays.cuda_tensor_key is module.cuda_tensor_key
+    assert arguments.plan_key is module.plan_key
     assert extension.status() == "built and loaded"
+
+
+def _key_or_error(make_key, *args):
+    try:
+        return make_key(*args)
+    except (NotAnArray, TypeError) as exc:
+        return type(exc)
+
+
+def _array(dtype: type, rows: int, cols: int, step: int, transpose: bool) -> np.ndarray:
+    """A random (rows, cols) array, strided when step > 1, transposed on request."""
+    a = np.random.default_rng(rows * 31 + cols).standard_normal((rows, cols * step)).astype(dtype)[:, ::step]
+    return a.T if transpose else a
+
+
+_ARRAYS = st.builds(
+    _array, st.sampled_from([np.float32, np.float64, np.int64, np.bool_, np.float16]),
+    st.integers(0, 4), st.integers(1, 5), st.integers(1, 3), st.booleans(),
+)  # fmt: skip
+_ARGS = st.one_of(
+    _ARRAYS, st.floats(allow_nan=False), st.integers(-5, 5), st.booleans(), st.none(),
+    st.just(np.float32(1.5)), st.just(torch.ones(2, 3)), st.just([1.0, 2.0]), st.just("text"),
+)  # fmt: skip
+_ATTRS = st.recursive(
+    st.one_of(st.integers(-3, 3), st.floats(allow_nan=False), st.just(-0.0), st.booleans(), st.none(), st.text(max_size=3)),
+    lambda inner: st.tuples(inner, inner) | st.lists(inner, max_size=2),
+    max_leaves=4,
+)  # fmt: skip
+
+
+@needs_compiler
+@settings(max_examples=300, deadline=None)
+@given(
+    inputs=st.lists(_ARGS, max_size=4), attrs=st.lists(_ATTRS, max_size=3), out=st.one_of(st.none(), _ARRAYS),
+    as_tuples=st.booleans(),
+)  # fmt: skip
+def test_c_plan_key_equals_the_python_plan_key(inputs, attrs, out, as_tuples):
+    """Arrays of any layout, scalars, None, NumPy scalars, CPU tensors, lists, nested attributes, -0.0."""
+    c_key = extension.load().plan_key
+    call = ("matmul", 7, tuple(attrs) if as_tuples else attrs, tuple(inputs) if as_tuples else inputs, out)
+    got, want = _key_or_error(c_key, *call), _key_or_error(arguments.python_plan_key, *call)
+    assert got == want
+    if isinstance(want, tuple):
+        assert [type(x) for x in got] == [type(x) for x in want]
+        assert _key_or_error(hash, got) == _key_or_error(hash, want)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @needs_compiler
-def test_c_key_equals_the_python_key_on_cuda_tensors():
+def test_c_keys_equal_the_python_keys_on_cuda_tensors():
     _check_keys_match("cuda")
+    c_key = extension.load().plan_key
+    for t in _tensors("cuda"):
+        call = ("sum", 3, (-1, False), (t, 2.0, None), None)
+        assert c_key(*call) == arguments.python_plan_key(*call)
 
 
 def test_load_soon_builds_on_a_background_thread_once(monkeypatch, tmp_path):
@@ -97,8 +150,8 @@ def test_load_soon_builds_on_a_background_thread_once(monkeypatch, tmp_path):
 
 def test_disabled_extension_keeps_the_python_key():
     code = (
-        "import torch\nfrom xpuruntime import arrays\nfrom xpuruntime.runtime import extension\n"
-        "assert extension.load() is None\nassert arrays.cuda_tensor_key is arrays.python_cuda_tensor_key\n"
+        "import torch\nfrom xpuruntime import arguments\nfrom xpuruntime.runtime import extension\n"
+        "assert extension.load() is None\nassert arguments.plan_key is arguments.python_plan_key\n"
         "print(extension.status())\n"
     )
     env = {**os.environ, extension.ENV_SWITCH: "0"}
