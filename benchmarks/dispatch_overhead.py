@@ -143,19 +143,20 @@ def scale2_dispatcher(torch: object) -> object:
 
 
 def cuda_extras(torch: object) -> dict[str, float]:
-    """Per-call µs of a CUDA tensor's plan key (the active one, C once the extension is loaded, and the
-    Python one), output allocation (our caching allocator vs torch.empty) and current-stream lookups."""
-    from xpuruntime import arrays
+    """Per-call µs of the plan key of a call with two CUDA tensors (the active one, C once the extension is
+    loaded, and the Python one), output allocation (our caching allocator vs torch.empty) and current-stream lookups."""
+    from xpuruntime import arguments
     from xpuruntime.policy import current_policy
     from xpuruntime.runtime import allocator, streams
 
     ours = allocator.get_allocator("device", "cuda:0")
     device = torch.device("cuda:0")
     x = torch.randn(4, 4, device="cuda")
-    active = "Python" if arrays.cuda_tensor_key is arrays.python_cuda_tensor_key else "C"
+    b = torch.randn(4, 4, device="cuda")
+    active = "Python" if arguments.plan_key is arguments.python_plan_key else "C"
     return per_call_us({
-        f"plan key of a cuda tensor (active: {active})": lambda: arrays.cuda_tensor_key(x),
-        "plan key of a cuda tensor (Python)": lambda: arrays.python_cuda_tensor_key(x),
+        f"plan key of matmul(a, b) (active: {active})": lambda: arguments.plan_key("matmul", 1, (), (x, b), None),
+        "plan key of matmul(a, b) (Python)": lambda: arguments.python_plan_key("matmul", 1, (), (x, b), None),
         "current_policy()": current_policy,
         "torch.empty(64, device='cuda:0')": lambda: torch.empty((64,), dtype=torch.float32, device="cuda:0"),
         "torch.empty(64, device=torch.device)": lambda: torch.empty((64,), dtype=torch.float32, device=device),
