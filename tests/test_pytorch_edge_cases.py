@@ -12,6 +12,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import xpuruntime as xrt
 import xpuruntime.pytorch as xtorch
 from xpuruntime.pytorch import aten_norm, overrides
+from xpuruntime.pytorch import ops as xtorch_ops
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning:torch")
 
@@ -179,3 +180,48 @@ def test_a_refused_scope_leaves_autograd_threading_as_it_was(cpu_routing):
             pytest.fail("the block must not run")
         assert not torch._C._is_multithreading_enabled()  # the outer scope's setting, still in force
     assert torch._C._is_multithreading_enabled()
+
+
+def _causal_reference(q, k, v):
+    """float64 SDPA (PyTorch's math backend) and its logsumexp, with q, k, v as float64 leaves."""
+    qd, kd, vd = (t.detach().double().requires_grad_() for t in (q, k, v))
+    with sdpa_kernel(SDPBackend.MATH):
+        out = F.scaled_dot_product_attention(qd, kd, vd, is_causal=True)
+    scores = (qd @ kd.transpose(-1, -2)) / q.shape[-1] ** 0.5
+    lse = torch.logsumexp(scores.masked_fill(~torch.ones(5, 5, dtype=torch.bool).tril(), float("-inf")), -1)
+    return out, lse.detach(), (qd, kd, vd)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_fused_attention_keeps_a_float64_logsumexp_for_float64_inputs(cpu_routing, dtype):
+    """The custom op's lse buffer (attention_forward) and its fake agree on the dtype: float64 for float64
+    inputs, so a backward's P = exp(S - lse) keeps float64 precision."""
+    torch.manual_seed(6)
+    q, k, v = (torch.randn(2, 3, 5, 4, dtype=dtype) for _ in range(3))
+    xtorch.set_kernel_policy(policy("attention", registry=cpu_routing))
+    _, lse = torch.ops.xpuruntime.fused_attention(q, k, v, None, True, None)
+    assert CALLS["attention_forward"] == 1
+    want = torch.float64 if dtype == torch.float64 else torch.float32
+    with torch._subclasses.fake_tensor.FakeTensorMode() as mode:
+        fake = torch.ops.xpuruntime.fused_attention(*(mode.from_tensor(t) for t in (q, k, v)), None, True, None)
+    assert lse.dtype == fake[1].dtype == want
+    tol = 1e-12 if dtype == torch.float64 else 1e-5
+    torch.testing.assert_close(lse.double(), _causal_reference(q, k, v)[1], rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_fused_attention_fallback_math_is_float64_for_float64_inputs(dtype):
+    """PyTorch's path of the custom op: its logsumexp and gradients in float64 for float64 inputs."""
+    torch.manual_seed(7)
+    q, k, v = (torch.randn(2, 3, 5, 4, dtype=dtype) for _ in range(3))
+    dout = torch.randn(2, 3, 5, 4, dtype=dtype)
+    out, lse, leaves = _causal_reference(q, k, v)
+    want = torch.autograd.grad(out, leaves, dout.double())
+    got_lse = xtorch_ops._logsumexp(q, k, None, True, None)
+    got = xtorch_ops._attention_grads(dout, q, k, v, out.detach().to(dtype), None, True, None)
+    tol = 1e-12 if dtype == torch.float64 else 1e-5
+    assert got_lse.dtype == (torch.float64 if dtype == torch.float64 else torch.float32)
+    torch.testing.assert_close(got_lse.double(), lse, rtol=tol, atol=tol)
+    for g, r in zip(got, want):
+        assert g.dtype == dtype
+        torch.testing.assert_close(g.double(), r, rtol=tol * 10, atol=tol * 10)

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from ..policy import current_policy
-from .autograd_common import any_requires_grad, grad_leaves, plain
+from .autograd_common import any_requires_grad, grad_leaves, lse_buffer, plain
 from .families import family_policy, fell_back, using, without
 from .routing import attrs_for, dispatch, has_op, memoized, wants
 
@@ -41,7 +41,7 @@ def _training_forward(q: Any, k: Any, v: Any, mask: Any, attrs: tuple, policy: A
     """(out, logsumexp) from `attention_forward`, or (None, None) when it cannot take the call."""
     if not has_op("attention_forward"):
         return None, None
-    lse = torch.empty((*q.shape[:-2], q.shape[-2]), dtype=torch.float32, device=q.device)
+    lse = lse_buffer(q)
     out = dispatch("attention_forward", (q, k, v, mask, lse), attrs, warn=False, policy=policy)  # `attention` next
     return (out, lse) if out is not None else (None, None)
 

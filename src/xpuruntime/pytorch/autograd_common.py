@@ -26,6 +26,17 @@ def plain(*tensors: Any) -> bool:
     return all(t is None or type(t) in PLAIN_TENSORS for t in tensors)
 
 
+def accumulation_dtype(x: torch.Tensor) -> torch.dtype:
+    """float64 for float64 inputs, else float32: the dtype of attention's logsumexp and of the fallback math
+    (as `ops.attention_forward.lse_dtype`), so float64 gradients keep float64 precision."""
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def lse_buffer(q: torch.Tensor) -> torch.Tensor:
+    """attention_forward's logsumexp buffer for query `q`: shape (*batch, L)."""
+    return q.new_empty((*q.shape[:-2], q.shape[-2]), dtype=accumulation_dtype(q))
+
+
 def any_requires_grad(*tensors: Any) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 

@@ -16,7 +16,7 @@ from torch import Tensor
 
 from ..errors import ArgumentError, argument_error
 from ..policy import current_policy
-from .autograd_common import GRAD_ALIASES, native_layer_norm_stats, unpack_norm_grads
+from .autograd_common import GRAD_ALIASES, accumulation_dtype, lse_buffer, native_layer_norm_stats, unpack_norm_grads
 from .families import family_policy, using
 from .routing import attrs_for, dispatch, get_dispatcher, has_op, inputs_for
 
@@ -36,7 +36,7 @@ def _fused_attention(
 ) -> tuple[Tensor, Tensor]:
     """(out, logsumexp): `attention_forward` through the selector, else PyTorch's SDPA."""
     if not _wants_torch("attention") and has_op("attention_forward"):
-        lse = query.new_empty((*query.shape[:-2], query.shape[-2]), dtype=torch.float32)
+        lse = lse_buffer(query)
         attrs = attrs_for("attention_forward", {"is_causal": is_causal, "scale": scale})
         with using(family_policy(current_policy())):
             out = dispatch("attention_forward", (query, key, value, attn_mask, lse), attrs)
@@ -58,7 +58,7 @@ def _fused_attention(
 def _(query, key, value, attn_mask, is_causal, scale):
     batch = torch.broadcast_shapes(query.shape[:-2], key.shape[:-2], value.shape[:-2])
     out = query.new_empty((*batch, query.shape[-2], value.shape[-1]))
-    return out, query.new_empty((*batch, query.shape[-2]), dtype=torch.float32)
+    return out, query.new_empty((*batch, query.shape[-2]), dtype=accumulation_dtype(query))
 
 
 @torch.library.custom_op("xpuruntime::fused_attention_backward", mutates_args=())
@@ -85,14 +85,15 @@ def _(dout, query, key, value, out, lse, attn_mask, is_causal, scale):
 
 
 def _scores(q: Tensor, k: Tensor, mask: Tensor | None, is_causal: bool, scale: float | None) -> Tensor:
-    """Scaled, masked attention scores in fp32."""
+    """Scaled, masked attention scores in fp32 (fp64 for fp64 inputs)."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
+    dtype = accumulation_dtype(q)
+    scores = torch.matmul(q.to(dtype), k.to(dtype).transpose(-1, -2)) * scale
     if is_causal:
         keep = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
         return scores.masked_fill(~keep, float("-inf"))
     if mask is not None:
-        return scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask.float()
+        return scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask.to(dtype)
     return scores
 
 
@@ -104,13 +105,14 @@ def _attention_grads(
     dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, mask: Tensor | None, is_causal: bool,
     scale: float | None,
 ) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
-    """Gradients of softmax(q kᵀ·scale + mask) v in fp32 from the saved output (PyTorch ops)."""
+    """Gradients of softmax(q kᵀ·scale + mask) v in fp32 (fp64 for fp64 inputs) from the saved output."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    qf, kf, vf, dof = q.float(), k.float(), v.float(), dout.float()
+    dtype = accumulation_dtype(q)
+    qf, kf, vf, dof = q.to(dtype), k.to(dtype), v.to(dtype), dout.to(dtype)
     p = torch.softmax(_scores(q, k, mask, is_causal, scale), dim=-1)
     dv = torch.matmul(p.transpose(-1, -2), dof)
     dp = torch.matmul(dof, vf.transpose(-1, -2))
-    ds = p * (dp - (dof * out.float()).sum(-1, keepdim=True))
+    ds = p * (dp - (dof * out.to(dtype)).sum(-1, keepdim=True))
     dq = torch.matmul(ds, kf) * scale
     dk = torch.matmul(ds.transpose(-1, -2), qf) * scale
     return (dq.sum_to_size(q.shape).to(q.dtype), dk.sum_to_size(k.shape).to(k.dtype),
