@@ -1,0 +1,85 @@
+"""Does a policy leave host cost behind once it is gone? The example GPT's eager step (no policy), timed in one
+process before any policy, then again after each POLICY has run some steps and was cleared (autotune: handed
+back), with what could carry the cost: installed overrides, live Python objects, GC passes, allocator segments.
+
+    python benchmarks/residual_step_cost.py [--steps 30] POLICY ...   (POLICY: autotune or a=k,b=k)
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+from step_diagnose import example, policy_for
+
+import xpuruntime as xrt
+import xpuruntime.pytorch as xtorch
+
+
+class GcPasses:
+    def __init__(self) -> None:
+        self.count, self.ms, self._t0 = 0, 0.0, 0.0
+        gc.callbacks.append(self._on)
+
+    def _on(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        else:
+            self.count += 1
+            self.ms += (time.perf_counter() - self._t0) * 1e3
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--logging", action="store_true", help="dispatch logging on, as the example has it")
+    p.add_argument("policies", nargs="+")
+    args = p.parse_args()
+    cfg = example.parse_args([])
+    torch.manual_seed(0)
+    model = example.GPT(cfg.vocab, cfg.context, cfg.d_model, cfg.heads, cfg.layers).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    x, y = example.batch_for(0, cfg, 0, 1, "cuda")
+    if args.logging:
+        xrt.enable_dispatch_logging(max_records=1_000_000)
+    passes = GcPasses()
+
+    def step() -> float:
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=False)
+        with xtorch.autocast(dtype=torch.bfloat16):
+            loss = F.cross_entropy(model(x).float().view(-1, cfg.vocab), y.view(-1))
+        loss.backward()
+        opt.step()
+        torch.cuda.synchronize()
+        return (time.perf_counter() - t0) * 1e3
+
+    def eager_phase(name: str) -> None:
+        for _ in range(3):
+            step()
+        count, ms = passes.count, passes.ms
+        times = [step() for _ in range(args.steps)]
+        segments = torch.cuda.memory_stats().get("segment.all.current", 0)
+        print(f"{name:<34} eager step {statistics.median(times):7.2f} ms   overrides {sorted(xtorch.installed_overrides())}"
+              f"   live objects {len(gc.get_objects()):>8}   gc passes {passes.count - count} ({passes.ms - ms:.1f} ms)"
+              f"   allocator segments {segments}", flush=True)  # fmt: skip
+
+    eager_phase("before any policy")
+    for name in args.policies:
+        xtorch.set_kernel_policy(policy_for(name))
+        policy_times = [step() for _ in range(args.steps)]
+        print(
+            f"{name:<34} its own step {statistics.median(policy_times):7.2f} ms   handed back {sorted(xtorch.handed_back())}"
+        )
+        xtorch.clear_kernel_policy()
+        eager_phase(f"after {name}")
+    eager_phase("again")
+
+
+if __name__ == "__main__":
+    main()
