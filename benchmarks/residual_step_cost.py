@@ -2,13 +2,18 @@
 process before any policy, then again after each POLICY has run some steps and was cleared (autotune: handed
 back), with what could carry the cost: installed overrides, live Python objects, GC passes, allocator segments.
 
-    python benchmarks/residual_step_cost.py [--steps 30] POLICY ...   (POLICY: autotune or a=k,b=k)
+    python benchmarks/residual_step_cost.py [--steps 30] [--logging] [--profile] POLICY ...
+
+POLICY: autotune or a=k,b=k. --profile adds a host profile of 5 steps to each phase (Python function calls
+per step, top functions by own time), the policy's own phase taken after its steps with the policy still set.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import gc
+import pstats
 import statistics
 import time
 
@@ -37,6 +42,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--logging", action="store_true", help="dispatch logging on, as the example has it")
+    p.add_argument("--profile", action="store_true", help="host profile of 5 steps per phase")
     p.add_argument("policies", nargs="+")
     args = p.parse_args()
     cfg = example.parse_args([])
@@ -69,13 +75,27 @@ def main() -> None:
               f"   live objects {len(gc.get_objects()):>8}   gc passes {passes.count - count} ({passes.ms - ms:.1f} ms)"
               f"   allocator segments {segments}", flush=True)  # fmt: skip
 
+    def profile(name: str) -> None:
+        if not args.profile:
+            return
+        profiler = cProfile.Profile()
+        profiler.enable()
+        for _ in range(5):
+            step()
+        profiler.disable()
+        stats = pstats.Stats(profiler)
+        print(f"  {name}: {stats.total_calls / 5:.0f} Python function calls per step; top by own time:")
+        stats.sort_stats("tottime").print_stats(12)
+
     eager_phase("before any policy")
+    profile("before any policy")
     for name in args.policies:
         xtorch.set_kernel_policy(policy_for(name))
         policy_times = [step() for _ in range(args.steps)]
         print(
             f"{name:<34} its own step {statistics.median(policy_times):7.2f} ms   handed back {sorted(xtorch.handed_back())}"
         )
+        profile(name)
         xtorch.clear_kernel_policy()
         eager_phase(f"after {name}")
     eager_phase("again")
