@@ -15,8 +15,8 @@ from pathlib import Path
 import torch
 
 import xpuruntime as xrt
+from xpuruntime import arguments
 from xpuruntime.abi import ArgPack
-from xpuruntime.arguments import plan_key
 from xpuruntime.arrays import signature
 from xpuruntime.policy import current_policy
 from xpuruntime.runtime import streams
@@ -28,7 +28,7 @@ from dispatch_overhead import per_call_us
 def steps(op: str, call, inputs: tuple, attrs: tuple = ()) -> dict:
     dispatcher = xrt.default_dispatcher()
     plan = dispatcher.plan(op, *inputs)
-    key = plan_key(op, current_policy().fingerprint, attrs, inputs, None)
+    key = arguments.plan_key(op, current_policy().fingerprint, attrs, inputs, None)
     stream = None if plan.current_stream is None else plan.current_stream(plan.device)
     out = plan.allocate(stream)
     x = inputs[0]
@@ -38,7 +38,7 @@ def steps(op: str, call, inputs: tuple, attrs: tuple = ()) -> dict:
     return {
         f"{op}: xrt.ops call": call,
         f"{op}: Dispatcher.run": lambda: dispatcher.run(op, inputs, attrs, None),
-        f"{op}: plan_key": lambda: plan_key(op, 0, attrs, inputs, None),
+        f"{op}: plan_key": lambda: arguments.plan_key(op, 0, attrs, inputs, None),
         f"{op}: plans.get": lambda: dispatcher.plans.get(key),
         **stream_lookup,
         f"{op}: plan.allocate": lambda: plan.allocate(stream),

@@ -32,7 +32,9 @@ def main() -> None:
     args = p.parse_args()
     timer = bench.default_timer("device")
     autotune.ARBITERS.append(
-        lambda op, key, times, backends: print(f"  tuned {op}: { ({k: round(v) for k, v in times.items()}) } µs")
+        lambda op, key, times, backends, policy: print(
+            f"  tuned {op}: { ({k: round(v) for k, v in times.items()}) } µs"
+        )
     )
     for row in bench.select(bench.discover()[0], args.only):
         print(f"== {row.name}")

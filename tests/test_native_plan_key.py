@@ -158,3 +158,28 @@ def test_disabled_extension_keeps_the_python_key():
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "disabled by XPURUNTIME_NATIVE=0" in result.stdout
+
+
+@needs_compiler
+def test_a_failing_cuda_tensor_key_releases_what_the_key_held():
+    """A CUDA tensor whose storage cannot be read (a fake one under vmap) raises as in Python, and the
+    half-built key is released: the call's op, fingerprint and attributes keep their reference counts."""
+    from torch._C._functorch import _add_batch_dim, _vmap_decrement_nesting, _vmap_increment_nesting
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    c_key = extension.load().plan_key
+    with FakeTensorMode():
+        fake = torch.empty(3, 4, device="cuda")
+    level = _vmap_increment_nesting(3, "error")
+    try:
+        batched = _add_batch_dim(torch.Tensor.as_subclass(fake, torch.Tensor), 0, level)
+        op, fingerprint, attrs = "an op of its own", object(), (1.5, 2)
+        with pytest.raises(RuntimeError, match="storage"):
+            arguments.python_plan_key(op, fingerprint, attrs, (batched,), None)
+        before = [sys.getrefcount(x) for x in (op, fingerprint, attrs)]
+        for _ in range(200):
+            with pytest.raises(RuntimeError, match="storage"):
+                c_key(op, fingerprint, attrs, (batched,), None)
+        assert [sys.getrefcount(x) for x in (op, fingerprint, attrs)] == before
+    finally:
+        _vmap_decrement_nesting()

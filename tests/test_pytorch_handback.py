@@ -9,8 +9,7 @@ from pytorch_cpu_routing import CALLS, fake_timings, routed_registry
 
 import xpuruntime as xrt
 import xpuruntime.pytorch as xtorch
-from xpuruntime.dispatch import Dispatcher
-from xpuruntime.pytorch import handback
+from xpuruntime.pytorch import handback, routing
 from xpuruntime.registry import Backend, kernel
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning:torch")
@@ -117,15 +116,20 @@ def test_a_signature_gaining_less_than_the_routing_cost_runs_pytorch_kernel(regi
     torch.testing.assert_close(out, (a.double() @ b.double()).float())
 
 
-def test_direct_calls_under_autotune_keep_the_fastest_kernel(registry, timed):
-    """The routing cost is charged to the calls the overrides route, not to xrt.ops-style calls."""
+@pytest.mark.parametrize("routed_first", [True, False])
+def test_direct_and_routed_calls_keep_their_own_plans(registry, timed, routed_first):
+    """The routing cost is charged to the calls the overrides route, not to direct dispatcher calls, in
+    whichever order the two come (they share the dispatcher's plan cache, not its plans)."""
     timed.update(test_mm=5.0, torch_mm=5.0 + handback.ROUTING_COST_US["matmul"] / 2)
     xtorch.set_kernel_policy(xrt.KernelPolicy({"matmul": "autotune"}, validate=registry))
-    rng = np.random.default_rng(0)
-    a, b = (rng.standard_normal(shape).astype(np.float32) for shape in ((4, 6), (6, 3)))
-    out = Dispatcher(registry).run("matmul", (a, b))
-    assert CALLS["matmul"] == 1 and CALLS["torch_mm"] == 0
-    np.testing.assert_allclose(out, a.astype(np.float64) @ b, rtol=1e-5)
+    a, b = torch.randn(4, 6), torch.randn(6, 3)
+    want = a.double().numpy() @ b.double().numpy()
+    calls = [lambda: torch.mm(a, b).numpy(), lambda: routing.get_dispatcher().run("matmul", (a.numpy(), b.numpy()))]
+    with torch.no_grad():
+        for call in calls if routed_first else calls[::-1]:
+            np.testing.assert_allclose(call(), want, rtol=1e-5)
+    assert CALLS["torch_mm"] == 1 and CALLS["matmul"] == 1  # routed: PyTorch's; direct: the fastest, ours
+    assert len(handback.verdicts()["matmul"]) == 1
 
 
 def test_an_op_without_a_pytorch_candidate_does_not_keep_its_family_routed(registry, timed):

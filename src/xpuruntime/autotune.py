@@ -67,9 +67,9 @@ class _Store:
 
 
 STORE = _Store()
-# asked as arbiter(op, key, times_us, backend_of_kernel) after each tuned signature (measured or stored);
-# one may name the kernel to run instead of the fastest (the PyTorch front end weighs its routing cost)
-ARBITERS: list[Callable[[str, str, dict[str, float], dict[str, str]], str | None]] = []
+# asked as arbiter(op, key, times_us, backend_of_kernel, policy) after each tuned signature (measured or
+# stored); one may name the kernel to run instead of the fastest (the PyTorch front end weighs its routing cost)
+ARBITERS: list[Callable[[str, str, dict[str, float], dict[str, str], KernelPolicy], str | None]] = []
 
 
 def cache_key(decision: Decision, names: list[str]) -> str:
@@ -94,7 +94,7 @@ def tune(dispatcher: Dispatcher, decision: Decision, inputs: tuple, policy: Kern
     """The decision with the fastest supported kernel for this call (reason "autotune")."""
     supported = [c for c in decision.candidates if c.supported]
     if len(supported) <= 1:
-        _arbitrate(decision, "", {c.kernel.name: 0.0 for c in supported}, supported)
+        _arbitrate(decision, "", {c.kernel.name: 0.0 for c in supported}, supported, policy)
         return dataclasses.replace(decision, reason=REASON)
     names = [c.kernel.name for c in supported]
     key = cache_key(decision, names)
@@ -107,7 +107,7 @@ def tune(dispatcher: Dispatcher, decision: Decision, inputs: tuple, policy: Kern
             return decision
         winner = min(times, key=times.__getitem__)
         STORE.put(key, {"kernel": winner, "times_us": times})
-    winner = _arbitrate(decision, key, times, supported) or winner
+    winner = _arbitrate(decision, key, times, supported, policy) or winner
     chosen = next(c for c in supported if c.kernel.name == winner)
     return dataclasses.replace(decision, kernel=chosen.kernel, reason=REASON)
 
@@ -121,13 +121,15 @@ def _usable(winner: Any, times: Any, names: list[str]) -> bool:
     )
 
 
-def _arbitrate(decision: Decision, key: str, times: dict[str, float], supported: list[Candidate]) -> str | None:
+def _arbitrate(
+    decision: Decision, key: str, times: dict[str, float], supported: list[Candidate], policy: KernelPolicy
+) -> str | None:
     """Show the arbiters what tuning found; the first timed kernel one of them names, if any."""
     if not ARBITERS:
         return None
     key = key or cache_key(decision, [c.kernel.name for c in supported])
     backends = {c.kernel.name: c.kernel.backend for c in supported}
-    named = [arbiter(decision.ctx.op, key, times, backends) for arbiter in ARBITERS]
+    named = [arbiter(decision.ctx.op, key, times, backends, policy) for arbiter in ARBITERS]
     return next((name for name in named if name in times), None)
 
 

@@ -16,6 +16,7 @@ from typing import Any
 from .. import arguments
 from .. import policy as _core_policy
 from ..policy import AUTOTUNE, KernelPolicy, current_policy
+from . import handback
 from .routing import FAMILIES, get_dispatcher
 
 _derived: dict[tuple, KernelPolicy] = {}
@@ -57,6 +58,7 @@ def fell_back(op: str, inputs: tuple, attrs: tuple, policy: KernelPolicy) -> boo
     """Whether the cached plan of an earlier call chose a fallback (its preferred kernel could not run).
     No plan key is built unless some plan of `op` under `policy` fell back (rare)."""
     dispatcher = get_dispatcher()
+    policy = handback.routed_view(policy)  # the policy the forward was dispatched under
     if (op, policy.fingerprint) not in dispatcher.fallbacks:
         return False
     try:

@@ -12,7 +12,10 @@ stops steering it and its aten overrides are removed once the current backward h
 an override is running), so the family costs nothing again. Signatures first seen afterwards run
 PyTorch's kernels. An op without a PyTorch candidate (e.g. layer_norm_backward) has no say; a family
 where nothing could be compared keeps routing. Explicit kernel names are never handed back, and calls
-made through `xrt.ops` directly keep the fastest kernel.
+made through `xrt.ops` directly keep the fastest kernel (routed calls dispatch under a twin of the policy,
+`routed_view`, so the two never share a plan). The native matrix-product routes serve a signature that
+runs PyTorch's kernel from C++ without counting its calls here, so the matmul family is then usually not
+handed back: it stays installed at about a microsecond per call (BENCHMARKS.md, override cost).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .. import autotune
-from ..policy import KernelPolicy, current_policy
+from ..policy import AUTOTUNE, KernelPolicy, current_policy
 
 log = logging.getLogger("xpuruntime.pytorch")
 
@@ -72,13 +75,40 @@ def steering(policy: KernelPolicy) -> tuple:
     return key
 
 
-def on_tuned(op: str, key: str, times: dict[str, float], backends: dict[str, str]) -> str | None:
+class _Routed(KernelPolicy):
+    """A tuning policy as the aten overrides dispatch under it: the same choices, plans of its own (autotune
+    weighs the routing cost for routed calls only, so a direct `xrt.ops` call must not share their plans)."""
+
+    __slots__ = ()
+
+    def _content(self) -> tuple:
+        return (*super()._content(), "routed by the aten overrides")
+
+
+_routed_views: dict[object, KernelPolicy] = {}
+
+
+def routed_view(policy: KernelPolicy) -> KernelPolicy:
+    """The policy a routed call dispatches under: a tuning policy's `_Routed` twin, any other policy itself."""
+    if not (policy.autotune or policy.autotune_ops) or type(policy) is _Routed:
+        return policy
+    view = _routed_views.get(policy.fingerprint)
+    if view is None:
+        if len(_routed_views) > 1024:
+            _routed_views.clear()
+        prefs = {**dict.fromkeys(policy.autotune_ops, AUTOTUNE), **policy.preferences}
+        view = _routed_views[policy.fingerprint] = _Routed(
+            prefs, strict=policy.strict, math_mode=policy.math_mode, deterministic=policy.deterministic,
+            sync=policy.sync, autotune=policy.autotune, validate=False,
+        )  # fmt: skip
+    return view
+
+
+def on_tuned(op: str, key: str, times: dict[str, float], backends: dict[str, str], policy: KernelPolicy) -> str | None:
     """Autotune arbiter for the calls the overrides route: record whether this signature beats PyTorch's
     own kernel by more than the routing cost, and if not, name PyTorch's fastest kernel to run."""
-    from . import routing
-
     family = _FAMILY_OF.get(op)
-    if family is None or not routing.ROUTING.depth:
+    if family is None or type(policy) is not _Routed:
         return None
     route, why = verdict(op, times, backends, ROUTING_COST_US.get(family, 0.0))
     with _lock:

@@ -8,7 +8,6 @@ already running a kernel (a `torch_*` kernel calling back into aten) go to PyTor
 
 from __future__ import annotations
 
-import threading
 import warnings
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any
@@ -42,13 +41,6 @@ class _Router:
 
 router = _Router()
 _warned_ops: set[tuple[str, str]] = set()
-
-
-class _Routing(threading.local):
-    depth = 0  # > 0 while this thread runs a call the overrides routed (autotune weighs their cost)
-
-
-ROUTING = _Routing()
 
 
 def use_dispatcher(dispatcher: Any = None) -> None:
@@ -117,9 +109,8 @@ def dispatch(op: str, inputs: tuple, attrs: tuple = (), warn: bool = True, polic
     run = router.run or get_dispatcher().run
     if handback.watching():
         handback.note_call(op)
-    ROUTING.depth += 1
     try:
-        return run(op, inputs, attrs, None, policy)
+        return run(op, inputs, attrs, None, handback.routed_view(policy or current_policy()))
     except _NOT_OURS:
         return None
     except UnsupportedByPolicyError:
@@ -128,8 +119,6 @@ def dispatch(op: str, inputs: tuple, attrs: tuple = (), warn: bool = True, polic
         if warn:
             _warn_no_kernel(op, exc, policy or current_policy())
         return None
-    finally:
-        ROUTING.depth -= 1
 
 
 # kernels whose launch for the overrides' calls (mm, bmm; addmm as linear with a bias and no activation)
@@ -140,13 +129,10 @@ PYTORCH_OWN_KERNELS = {"matmul": "torch", "linear": "torch"}
 def runs_pytorch_kernel(op: str, inputs: tuple, policy: Any = None) -> bool | None:
     """Whether the plan that just ran `op` on `inputs` (under `policy`, None: the one in force) runs
     PyTorch's own kernel and nothing else (no sync, no workspace); None when there is no plan to ask."""
-    ROUTING.depth += 1  # a plan made again here (evicted) is weighed as the routed call's was
     try:
-        plan = get_dispatcher().plan(op, *inputs, policy=policy)
+        plan = get_dispatcher().plan(op, *inputs, policy=handback.routed_view(policy or current_policy()))
     except Exception:  # the call ran, so this is not expected; just learn nothing
         return None
-    finally:
-        ROUTING.depth -= 1
     own = PYTORCH_OWN_KERNELS.get(op)
     return (
         plan.kernel.name == own and plan.kernel.backend == "torch" and plan.finish is None and not plan.workspace_bytes

@@ -15,11 +15,11 @@ import importlib.util
 import logging
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading
 import time
-import warnings
 from pathlib import Path
 from types import ModuleType
 
@@ -55,10 +55,11 @@ def load() -> ModuleType | None:
     if not _state.tried:
         with _lock:
             if not _state.tried:
-                _state.module = _build_and_load()
+                module = _build_and_load()
+                if module is not None:
+                    _use_c_plan_key(module)  # before anyone can see the module: its key needs this first
+                _state.module = module
                 _state.tried = True
-                if _state.module is not None:
-                    _use_c_plan_key(_state.module)
     return _state.module
 
 
@@ -106,25 +107,33 @@ def _build_and_load() -> ModuleType | None:
         return None
 
 
-def _compile(library: Path) -> ModuleType:
-    """Compile in a folder of this process's own (PyTorch's build lock waits forever on a lock file that
-    a killed build left behind), load, then publish the library with an atomic rename."""
-    from torch.utils import cpp_extension
+# run in a child process: a build must not touch this process's warning filters (a background build
+# would silence every thread's warnings for its duration)
+_BUILD = """
+import sys, warnings
+from torch.utils import cpp_extension
+name, folder, *sources = sys.argv[1:]
+warnings.simplefilter("ignore")  # e.g. "no CUDA runtime found" on CPU builds
+cpp_extension.load(name=name, sources=sources, build_directory=folder, extra_cflags=["-O2"], is_python_module=True)
+"""
 
+
+def _compile(library: Path) -> ModuleType:
+    """Compile in a folder of this build's own (PyTorch's build lock waits forever on a lock file that a
+    killed build left behind), publish the library with an atomic rename, load it."""
     library.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_builds(library.parent)
     build = Path(tempfile.mkdtemp(prefix=f"build-{library.stem}-", dir=library.parent))
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # e.g. "no CUDA runtime found" on CPU builds
-            module = cpp_extension.load(
-                name=library.stem, sources=[str(s) for s in SOURCES], build_directory=str(build),
-                extra_cflags=["-O2"], is_python_module=True, verbose=False,
-            )  # fmt: skip
+        command = [sys.executable, "-c", _BUILD, library.stem, str(build), *map(str, SOURCES)]
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode != 0:
+            lines = (done.stderr or done.stdout).strip().splitlines() or ["no output"]
+            raise RuntimeError(f"the compiler failed: {lines[-1]}")
         os.replace(build / library.name, library)
     finally:
         shutil.rmtree(build, ignore_errors=True)
-    return module
+    return _import(library)
 
 
 def _import(library: Path) -> ModuleType:

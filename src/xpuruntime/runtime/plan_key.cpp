@@ -85,8 +85,10 @@ PyObject* array_key(PyObject* x) {
   return key;
 }
 
-// One input's part of the key, as `python_plan_key` computes it.
+// One input's part of the key, as `python_plan_key` computes it; a C++ error becomes the Python exception
+// here, so that the caller can release what it holds.
 PyObject* input_key(PyObject* x) {
+  HANDLE_TH_ERRORS
   PyTypeObject* type = Py_TYPE(x);
   if (reinterpret_cast<PyObject*>(type) == py.ndarray) return array_key(x);
   if (type == reinterpret_cast<PyTypeObject*>(THPVariableClass)) {  // exactly torch.Tensor
@@ -98,6 +100,7 @@ PyObject* input_key(PyObject* x) {
     return reinterpret_cast<PyObject*>(type);
   }
   return PyObject_CallOneArg(py.signature, x);
+  END_HANDLE_TH_ERRORS
 }
 
 PyObject* attribute_types(PyObject* attrs) {
