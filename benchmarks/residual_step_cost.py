@@ -20,8 +20,7 @@ import subprocess
 import time
 
 import torch
-import torch.nn.functional as F
-from step_diagnose import example, policy_for
+from step_diagnose import gpt_step, policy_for
 
 import xpuruntime as xrt
 import xpuruntime.pytorch as xtorch
@@ -61,25 +60,13 @@ def main() -> None:
     p.add_argument("--gpu", action="store_true", help="GPU kernel time per step and the GPU's clocks per phase")
     p.add_argument("policies", nargs="+")
     args = p.parse_args()
-    cfg = example.parse_args([])
-    torch.manual_seed(0)
-    model = example.GPT(cfg.vocab, cfg.context, cfg.d_model, cfg.heads, cfg.layers).cuda()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
-    x, y = example.batch_for(0, cfg, 0, 1, "cuda")
+    timed_step = gpt_step()
     if args.logging:
         xrt.enable_dispatch_logging(max_records=1_000_000)
     passes = GcPasses()
 
     def step() -> float:
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        opt.zero_grad(set_to_none=False)
-        with xtorch.autocast(dtype=torch.bfloat16):
-            loss = F.cross_entropy(model(x).float().view(-1, cfg.vocab), y.view(-1))
-        loss.backward()
-        opt.step()
-        torch.cuda.synchronize()
-        return (time.perf_counter() - t0) * 1e3
+        return timed_step()[1]
 
     def eager_phase(name: str) -> None:
         for _ in range(3):

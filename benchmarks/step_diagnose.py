@@ -26,6 +26,7 @@ import shlex
 import statistics
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -48,17 +49,10 @@ def policy_for(name: str):
     return example.make_policy(example.parse_args(argv))
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rounds", type=int, default=15)
-    p.add_argument("--profile", action="store_true", help="profile each policy's step instead of timing rounds")
-    p.add_argument("--gpu-sleep", type=float, default=0.0, help="ms of GPU sleep queued before a second timed step")
-    p.add_argument("--model", default="", help="the example's arguments for another model size")
-    p.add_argument("--gc", action="store_true", help="report garbage collections per step and their host time")
-    p.add_argument("--gc-freeze", action="store_true", help="gc.freeze() after set-up and warm-up")
-    p.add_argument("policies", nargs="*", default=DEFAULT)
-    args = p.parse_args()
-    cfg = example.parse_args(shlex.split(args.model))
+def gpt_step(model_args: str = "") -> Callable[[float], tuple[float, float]]:
+    """The example GPT (its own arguments `model_args`) and one bf16 training step of it, as
+    step(sleep_ms=0) -> (host ms to enqueue it, ms until the GPU finished it)."""
+    cfg = example.parse_args(shlex.split(model_args))
     torch.manual_seed(0)
     model = example.GPT(cfg.vocab, cfg.context, cfg.d_model, cfg.heads, cfg.layers).cuda()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
@@ -77,6 +71,21 @@ def main() -> None:
         t1 = time.perf_counter()
         torch.cuda.synchronize()
         return (t1 - t0) * 1e3, (time.perf_counter() - t0) * 1e3
+
+    return step
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=15)
+    p.add_argument("--profile", action="store_true", help="profile each policy's step instead of timing rounds")
+    p.add_argument("--gpu-sleep", type=float, default=0.0, help="ms of GPU sleep queued before a second timed step")
+    p.add_argument("--model", default="", help="the example's arguments for another model size")
+    p.add_argument("--gc", action="store_true", help="report garbage collections per step and their host time")
+    p.add_argument("--gc-freeze", action="store_true", help="gc.freeze() after set-up and warm-up")
+    p.add_argument("policies", nargs="*", default=DEFAULT)
+    args = p.parse_args()
+    step = gpt_step(args.model)
 
     policies = {name: policy_for(name) for name in args.policies}
     for policy in policies.values():  # tune and compile outside the timed rounds

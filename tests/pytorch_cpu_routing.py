@@ -7,6 +7,9 @@ import collections
 import contextlib
 import importlib
 import math
+import os
+import subprocess
+import sys
 import warnings
 from collections.abc import Iterator
 
@@ -175,6 +178,16 @@ def routed_registry() -> Iterator[Registry]:
         overrides.route_devices(("cuda",))
         routing.use_dispatcher(None)
         CALLS.clear()
+
+
+def run_without_extension(code: str, timeout: float = 300) -> str:
+    """Run `code` in a fresh Python with xpuruntime's C++ extension switched off; its stdout."""
+    from xpuruntime.runtime import extension
+
+    env = {**os.environ, extension.ENV_SWITCH: "0"}
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
 
 
 def fake_timings(monkeypatch) -> dict[str, float]:

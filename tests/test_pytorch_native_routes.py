@@ -6,22 +6,19 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import subprocess
-import sys
 import threading
 import warnings
 
 import numpy as np
 import pytest
 import torch
-from pytorch_cpu_routing import CALLS, fake_timings, policy, routed_registry
+from pytorch_cpu_routing import CALLS, fake_timings, policy, routed_registry, run_without_extension
 
 import xpuruntime as xrt
 import xpuruntime.pytorch as xtorch
 from xpuruntime.errors import UnsupportedByPolicyError
 from xpuruntime.pytorch import handback, native_routes, overrides
 from xpuruntime.registry import Backend, kernel
-from xpuruntime.runtime import extension
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore::UserWarning:torch"),
@@ -225,10 +222,7 @@ def test_without_the_extension_the_python_route_serves():
         "assert torch.allclose(torch.mm(a, b), (a.double() @ b.double()).float(), atol=1e-5)\n"
         "print(native_routes.status())\n"
     )
-    env = {**os.environ, extension.ENV_SWITCH: "0"}
-    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr
-    assert "disabled by XPURUNTIME_NATIVE=0" in result.stdout
+    assert "disabled by XPURUNTIME_NATIVE=0" in run_without_extension(code)
 
 
 def test_overrides_are_removed_with_the_policy(cpu_routing):

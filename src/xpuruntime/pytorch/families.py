@@ -28,7 +28,7 @@ def family_policy(policy: KernelPolicy) -> KernelPolicy:
     key = (policy.fingerprint, id(registry), registry.generation)
     derived = _derived.get(key)
     if derived is None:
-        prefs = {**dict.fromkeys(policy.autotune_ops, AUTOTUNE), **policy.preferences}
+        prefs = all_preferences(policy)
         for head, members in FAMILIES.items():
             name = prefs.get(head)
             for member in members:
@@ -37,7 +37,7 @@ def family_policy(policy: KernelPolicy) -> KernelPolicy:
                     prefs[member] = name
         derived = policy
         if len(prefs) != len(policy.preferences) + len(policy.autotune_ops):
-            derived = _rebuilt(policy, prefs)
+            derived = rebuilt(policy, prefs)
         if len(_derived) > 1024:
             _derived.clear()
         _derived[key] = derived
@@ -73,11 +73,15 @@ def without(policy: KernelPolicy, ops: tuple[str, ...], user: KernelPolicy) -> K
     added = [op for op in ops if op in policy.preferences and op not in user.preferences]
     if not added:
         return policy
-    prefs = {**dict.fromkeys(policy.autotune_ops, AUTOTUNE), **policy.preferences}
-    return _rebuilt(policy, {op: k for op, k in prefs.items() if op not in added})
+    return rebuilt(policy, {op: k for op, k in all_preferences(policy).items() if op not in added})
 
 
-def _rebuilt(policy: KernelPolicy, prefs: dict[str, str]) -> KernelPolicy:
-    """A policy with `prefs` and every option of `policy`."""
+def all_preferences(policy: KernelPolicy) -> dict[str, str]:
+    """The op -> kernel name mapping `policy` was built from, "autotune" entries included."""
+    return {**dict.fromkeys(policy.autotune_ops, AUTOTUNE), **policy.preferences}
+
+
+def rebuilt(policy: KernelPolicy, prefs: dict[str, str], kind: type[KernelPolicy] = KernelPolicy) -> KernelPolicy:
+    """A `kind` policy with `prefs` and every option of `policy`."""
     options: dict[str, Any] = {"strict": policy.strict, "math_mode": policy.math_mode, "sync": policy.sync}
-    return KernelPolicy(prefs, deterministic=policy.deterministic, autotune=policy.autotune, validate=False, **options)
+    return kind(prefs, deterministic=policy.deterministic, autotune=policy.autotune, validate=False, **options)

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .. import autotune
-from ..policy import AUTOTUNE, KernelPolicy, current_policy
+from ..policy import KernelPolicy, current_policy
 
 log = logging.getLogger("xpuruntime.pytorch")
 
@@ -94,13 +94,11 @@ def routed_view(policy: KernelPolicy) -> KernelPolicy:
         return policy
     view = _routed_views.get(policy.fingerprint)
     if view is None:
+        from .families import all_preferences, rebuilt
+
         if len(_routed_views) > 1024:
             _routed_views.clear()
-        prefs = {**dict.fromkeys(policy.autotune_ops, AUTOTUNE), **policy.preferences}
-        view = _routed_views[policy.fingerprint] = _Routed(
-            prefs, strict=policy.strict, math_mode=policy.math_mode, deterministic=policy.deterministic,
-            sync=policy.sync, autotune=policy.autotune, validate=False,
-        )  # fmt: skip
+        view = _routed_views[policy.fingerprint] = rebuilt(policy, all_preferences(policy), _Routed)
     return view
 
 
