@@ -15,6 +15,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Hashable, Mapping
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from . import arguments
@@ -27,6 +28,7 @@ from .log import OBSERVERS, DispatchEvent, DispatchRecord
 from .plan import Plan, PlanCache
 from .policy import KernelPolicy, current_policy
 from .registry import Backend, Registry, default_registry, no_stream
+from .runtime import extension
 from .runtime.workspace import WorkspaceManager
 from .selector import Decision, Scorer, Selector, default_scorer
 
@@ -40,6 +42,23 @@ _events = threading.local()
 
 class _Launching(threading.local):
     depth = 0
+
+
+# The plan-cache hit of a call without out= in C (runtime/hot_path.cpp), set when xpuruntime's C++ extension
+# loads: (cache, entries, op, fingerprint, attrs, inputs) -> the output, or NOT_HIT where Python must run
+# the call (a miss, a key only Python can build, a plan whose `hit_path` is None)
+NOT_HIT = object()
+_hit_in_c: Callable[..., Any] | None = None
+
+
+def _use_c_hit_path(module: ModuleType) -> None:
+    """Run plan-cache hits through the C++ extension's `plan_hit` from now on (runtime/extension.py)."""
+    global _hit_in_c
+    module.use_dispatcher(NOT_HIT, ArgPack, _launch_error, _returned_output)
+    _hit_in_c = module.plan_hit
+
+
+extension.on_load(_use_c_hit_path)
 
 
 # > 0 while this thread runs or tunes kernels the dispatcher chose: a framework front end (the PyTorch
@@ -91,9 +110,13 @@ class Dispatcher:
     ) -> Any:
         """Run `op` on `inputs` and `attrs` (positional, in the schema's order); returns the output.
         `policy` overrides the one in force here (the PyTorch front end passes a backward's saved policy)."""
-        start = time.perf_counter_ns() if OBSERVERS else 0
         if policy is None:
             policy = current_policy()
+        if out is None and _hit_in_c is not None and not (OBSERVERS or _tracking):
+            result = _hit_in_c(self.plans, self.plans.entries, op, policy.fingerprint, attrs, inputs)
+            if result is not NOT_HIT:
+                return result
+        start = time.perf_counter_ns() if OBSERVERS else 0
         try:
             key = arguments.plan_key(op, policy.fingerprint, attrs, inputs, out)
             plan = self.plans.get(key)
@@ -155,9 +178,7 @@ class Dispatcher:
 
             decision = tune(self, decision, inputs, policy)
         plan = self.make_plan(decision, policy)
-        if plan.device.startswith("cuda"):  # plan keys of CUDA tensors are cheaper in C
-            from .runtime import extension
-
+        if plan.device.startswith("cuda"):  # the hot path with CUDA tensors is cheaper in C
             extension.load_soon()
         # a kernel registered meanwhile may beat this plan: then use it for this call only
         self.plans.put(key, plan, still_valid=lambda: self.registry.generation == generation)

@@ -26,7 +26,7 @@ class Plan:
 
     __slots__ = (
         "_cost", "_log_fields", "allocate", "attrs", "config", "current_stream", "decision", "device", "empty",
-        "finish", "kernel", "last_used", "launch", "returns_output", "schema", "workspace_bytes",
+        "finish", "hit_path", "kernel", "last_used", "launch", "returns_output", "schema", "workspace_bytes",
     )  # fmt: skip
 
     def __init__(
@@ -56,6 +56,13 @@ class Plan:
         self.current_stream = current_stream  # None where launches need no stream (the CPU)
         self.finish = finish  # (stream) -> None after each launch: the policy's sync, or None for NO_SYNC
         self.last_used = 0  # the plan cache's clock at the last hit, for LRU eviction
+        # what the C hit path (runtime/hot_path.cpp) runs for a call without out=; None: Python runs it
+        # (a workspace to lend or a sync to make after the launch)
+        self.hit_path = (
+            None if workspace_bytes or finish is not None
+            else (current_stream, ctx.device, None if self.returns_output else self.allocate, self.attrs, config,
+                  self.launch)
+        )  # fmt: skip
         self._log_fields: tuple | None = None
         self._cost: tuple[int, int] | None = None
 
@@ -116,12 +123,12 @@ class PlanCache:
         if maxsize < 1:
             raise ValueError(f"PlanCache: maxsize must be >= 1, got {maxsize}")
         self.maxsize = maxsize
-        self._plans: dict[Hashable, Plan] = {}
+        self.entries: dict[Hashable, Plan] = {}  # key -> plan; the C hit path (runtime/hot_path.cpp) reads it
         self._lock = threading.Lock()
         self.hits = self.misses = self.evictions = self.invalidations = 0
 
     def get(self, key: Hashable) -> Plan | None:
-        plan = self._plans.get(key)
+        plan = self.entries.get(key)
         if plan is None:
             self.misses += 1
             return None
@@ -136,31 +143,31 @@ class PlanCache:
             if not still_valid():
                 return
             plan.last_used = self.hits
-            self._plans[key] = plan
-            if len(self._plans) > self.maxsize:
-                by_age = sorted(self._plans, key=lambda k: self._plans[k].last_used)
+            self.entries[key] = plan
+            if len(self.entries) > self.maxsize:
+                by_age = sorted(self.entries, key=lambda k: self.entries[k].last_used)
                 for old in by_age[: max(1, len(by_age) // 8)]:
-                    del self._plans[old]
+                    del self.entries[old]
                     self.evictions += 1
 
     def invalidate(self, op: str | None = None) -> int:
         """Drop every plan (op=None) or the plans of one op; returns how many were dropped."""
         with self._lock:
-            doomed = [k for k in self._plans if op is None or k[0] == op]
+            doomed = [k for k in self.entries if op is None or k[0] == op]
             for key in doomed:
-                del self._plans[key]
+                del self.entries[key]
             self.invalidations += len(doomed)
             return len(doomed)
 
     def clear(self) -> None:
         with self._lock:
-            self._plans.clear()
+            self.entries.clear()
             self.hits = self.misses = self.evictions = self.invalidations = 0
 
     def stats(self) -> PlanCacheStats:
         return PlanCacheStats(
-            self.hits, self.misses, self.evictions, self.invalidations, len(self._plans), self.maxsize
+            self.hits, self.misses, self.evictions, self.invalidations, len(self.entries), self.maxsize
         )
 
     def __len__(self) -> int:
-        return len(self._plans)
+        return len(self.entries)

@@ -1,5 +1,5 @@
-"""xpuruntime's C++ extension: the dispatcher's plan-cache key (`plan_key.cpp`) and the PyTorch front end's
-native aten routes (`pytorch/native_routes.cpp`), one library.
+"""xpuruntime's C++ extension: the dispatcher's hot path (`hot_path.cpp`: the plan-cache key and the whole
+plan-cache hit) and the PyTorch front end's native aten routes (`pytorch/native_routes.cpp`), one library.
 
 It is compiled on first use with PyTorch's C++ extension tools (a C++ compiler and ninja) into the cache
 folder, once per source, PyTorch and Python version. Where it cannot be built, or with XPURUNTIME_NATIVE=0,
@@ -20,6 +20,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
@@ -29,7 +30,7 @@ from .. import arguments, arrays
 from .tuning_cache import cache_dir
 
 SOURCES = (
-    Path(__file__).resolve().with_name("plan_key.cpp"),
+    Path(__file__).resolve().with_name("hot_path.cpp"),
     Path(__file__).resolve().parents[1] / "pytorch" / "native_routes.cpp",
 )
 ENV_SWITCH = "XPURUNTIME_NATIVE"
@@ -57,15 +58,25 @@ def load() -> ModuleType | None:
             if not _state.tried:
                 module = _build_and_load()
                 if module is not None:
-                    _use_c_plan_key(module)  # before anyone can see the module: its key needs this first
+                    _use_c_hot_path(module)  # before anyone can see the module: its key needs this first
                 _state.module = module
                 _state.tried = True
     return _state.module
 
 
-def _use_c_plan_key(module: ModuleType) -> None:
+def _use_c_hot_path(module: ModuleType) -> None:
     module.use_python(np.ndarray, arrays.signature, arguments.attr_types, arguments.python_plan_key)
     arguments.plan_key = module.plan_key
+    for hook in _on_load:
+        hook(module)
+
+
+_on_load: list[Callable[[ModuleType], None]] = []
+
+
+def on_load(hook: Callable[[ModuleType], None]) -> None:
+    """Call hook(module) when the extension loads, before anyone else can see it (the dispatcher's C hit path)."""
+    _on_load.append(hook)
 
 
 def load_soon() -> None:
