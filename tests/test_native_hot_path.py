@@ -4,10 +4,13 @@ tuples, so plans made with either stay valid when the extension loads; its plan-
 
 from __future__ import annotations
 
+import collections
 import os
 import shutil
+import subprocess
 import sys
 import threading
+import traceback
 
 import numpy as np
 import pytest
@@ -19,12 +22,13 @@ from pytorch_cpu_routing import run_without_extension
 
 import xpuruntime as xrt
 from xpuruntime import arguments, arrays, dispatch
-from xpuruntime.abi import ArgPack
+from xpuruntime.abi import ArgPack, LaunchConfig
 from xpuruntime.arrays import NotAnArray
 from xpuruntime.dispatch import Dispatcher
 from xpuruntime.errors import LaunchError
-from xpuruntime.registry import Backend, kernel
+from xpuruntime.registry import Backend, Registry, kernel
 from xpuruntime.runtime import extension
+from xpuruntime.schema import OpSchema
 
 needs_compiler = pytest.mark.skipif(
     shutil.which(os.environ.get("CXX", "c++")) is None, reason="no C++ compiler: the extension cannot build"
@@ -208,6 +212,14 @@ def c_hits(monkeypatch):
 
     monkeypatch.setattr(dispatch, "_hit_in_c", counted)
     return served
+
+
+@pytest.fixture
+def c_hit_path():
+    """The extension loaded, so that calls without out= go through `plan_hit` first (not wrapped: some tests
+    read the frames of a traceback)."""
+    extension.load()
+    assert dispatch._hit_in_c is not None
 
 
 def _toy(launch, *, backend: Backend | None = None, **hints) -> Dispatcher:
@@ -440,3 +452,218 @@ def test_c_hits_from_many_threads_while_plans_are_dropped(c_hits):
     stop.set()
     dropper.join()
     assert errors == [] and len(c_hits) > 0
+
+
+# -- edge cases of the C hit path against the Python body (found by review) ---------------------------------
+
+
+def _fails_after_first(error: type[BaseException]):
+    """A launch that works once (the miss makes the plan) and raises a new `error` on every later call (hits)."""
+    calls = []
+
+    def launch(args: ArgPack) -> None:
+        calls.append(1)
+        if len(calls) > 1:
+            raise error("bad tile")
+        _add_one(args)
+
+    return launch
+
+
+def _both_paths(monkeypatch, call):
+    """call() once with C hits, once with Python hits: (C result, Python result); an exception is the result."""
+    results = []
+    for c_hits in (True, False):
+        if not c_hits:
+            monkeypatch.setattr(dispatch, "_hit_in_c", None)
+        try:
+            results.append(call())
+        except BaseException as exc:  # KeyboardInterrupt is what some tests compare
+            results.append(exc)
+    return results
+
+
+# -- BaseException from a launch --------------------------------------------------------------------------
+
+
+@needs_compiler
+@pytest.mark.parametrize("error", [KeyboardInterrupt, SystemExit])
+def test_a_base_exception_from_a_launch_on_a_c_hit_is_not_wrapped(c_hit_path, error):
+    """Dispatcher.run catches only Exception: Ctrl-C in a kernel must stay a KeyboardInterrupt (a LaunchError is
+    an Exception, so `except Exception` around a call would swallow the interrupt)."""
+    x = np.ones(3, np.float32)
+    dispatcher = _toy(_fails_after_first(error))
+    dispatcher.run("toy", (x,))
+    with pytest.raises(error):
+        dispatcher.run("toy", (x,))
+
+
+# -- inputs that are not exactly a tuple ------------------------------------------------------------------
+
+
+@needs_compiler
+@pytest.mark.parametrize("make", [list, collections.namedtuple("Inputs", "x")._make], ids=["list", "namedtuple"])
+def test_inputs_that_are_not_an_exact_tuple_run_as_in_python(c_hit_path, monkeypatch, make):
+    """plan_hit raises TypeError('plan_hit: expected ...') for any inputs but an exact tuple, even on a miss;
+    the Python path keys them (python_plan_key) and runs them."""
+    x = np.arange(3, dtype=np.float32)
+
+    def call():
+        dispatcher = _toy(_add_one)
+        return [dispatcher.run("toy", make([x])) for _ in range(2)]
+
+    c, python = _both_paths(monkeypatch, call)
+    assert not isinstance(python, BaseException)
+    assert not isinstance(c, BaseException), c
+    np.testing.assert_array_equal(c, python)
+
+
+# -- LaunchError chaining and tracebacks ------------------------------------------------------------------
+
+
+def _launch_error_inside_an_except_block(dispatcher: Dispatcher, x: np.ndarray) -> LaunchError:
+    try:
+        raise KeyError("the caller's own exception")
+    except KeyError:
+        try:
+            dispatcher.run("toy", (x,))
+        except LaunchError as exc:
+            return exc
+    raise AssertionError("no LaunchError")
+
+
+@needs_compiler
+def test_a_c_hit_launch_error_has_the_launch_exception_as_context_inside_an_except_block(c_hit_path, monkeypatch):
+    """`raise _launch_error(plan, exc) from exc` gives __context__ = exc; PyErr_SetObject in raise_launch_error
+    overwrites the context with the exception the caller is handling."""
+    x = np.ones(3, np.float32)
+    dispatcher = _toy(_fails_after_first(ValueError))
+    dispatcher.run("toy", (x,))
+    c, python = _both_paths(monkeypatch, lambda: _launch_error_inside_an_except_block(dispatcher, x))
+    assert python.__context__ is python.__cause__
+    assert c.__context__ is c.__cause__, repr(c.__context__)
+
+
+@needs_compiler
+def test_a_c_hit_launch_errors_cause_has_the_python_paths_traceback(c_hit_path, monkeypatch):
+    """In Python the launch's exception passes through Dispatcher.run, whose frame heads its traceback (the
+    'direct cause' part of a report shows the dispatcher's line); the C hit adds no frame."""
+    x = np.ones(3, np.float32)
+    dispatcher = _toy(_fails_after_first(ValueError))
+    dispatcher.run("toy", (x,))
+
+    def cause_frames():
+        with pytest.raises(LaunchError) as info:
+            dispatcher.run("toy", (x,))
+        return [frame.name for frame in traceback.extract_tb(info.value.__cause__.__traceback__)]
+
+    c, python = _both_paths(monkeypatch, cause_frames)
+    assert python[0] == "run"
+    assert c == python
+
+
+class _Unprintable:
+    def __format__(self, spec: str) -> str:
+        raise RuntimeError("cannot describe")
+
+
+@needs_compiler
+def test_an_error_while_building_the_launch_error_keeps_the_launch_exception_as_context(c_hit_path, monkeypatch):
+    """_launch_error raising (here: a launch config that cannot be described) is, in Python, raised inside
+    `except Exception as exc`, so its __context__ is the launch's exception; the C path calls it after
+    PyErr_Fetch, with nothing being handled, and the launch's exception is lost."""
+    x = np.ones(3, np.float32)
+    config = LaunchConfig(params={"tile": _Unprintable()})
+    dispatcher = _toy(_fails_after_first(ValueError), launch_config=lambda ctx: config)
+    dispatcher.run("toy", (x,))
+    c, python = _both_paths(monkeypatch, lambda: dispatcher.run("toy", (x,)))
+    assert isinstance(python, RuntimeError) and isinstance(python.__context__, ValueError)
+    assert isinstance(c, RuntimeError) and isinstance(c.__context__, ValueError), repr(c.__context__)
+
+
+# -- the output --------------------------------------------------------------------------------------------
+
+
+@needs_compiler
+def test_an_allocator_that_gives_none_returns_the_kernels_value_as_in_python(c_hit_path, monkeypatch):
+    """Python decides 'the kernel's return value is the output' by `out is None` after allocating; the C path
+    decides by returns_output only and hands back the allocator's None."""
+    x = np.arange(3, dtype=np.float32)
+    nothing = Backend("nothing", "cpu", empty=lambda shape, dtype, device, stream: None)
+
+    def call():
+        dispatcher = _toy(lambda args: args.inputs[0] * 5, backend=nothing)
+        dispatcher.run("toy", (x,))
+        return dispatcher.run("toy", (x,))
+
+    c, python = _both_paths(monkeypatch, call)
+    np.testing.assert_array_equal(python, x * 5)
+    assert c is not None
+    np.testing.assert_array_equal(c, python)
+
+
+# -- exceptions while keying -------------------------------------------------------------------------------
+
+
+class _InterruptedHash:
+    """An attribute whose hash is interrupted once (Ctrl-C arriving while the key is hashed)."""
+
+    armed = False
+
+    def __hash__(self) -> int:
+        if _InterruptedHash.armed:
+            _InterruptedHash.armed = False
+            raise KeyboardInterrupt
+        return 7
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _InterruptedHash)
+
+
+def _op_with_an_attribute() -> Dispatcher:
+    registry = Registry()
+    registry.register_op(
+        OpSchema(name="toy", inputs=("x",), attrs=("k",), infer_dtype=lambda ctx: ctx.tensor("x").dtype,
+                 infer_shape=lambda ctx: ctx.tensor("x").shape, reference=lambda x, k: np.asarray(x, np.float64))
+    )  # fmt: skip
+    registry.register_backend(Backend("cpu", "cpu", empty=lambda shape, dtype, device, stream: np.empty(shape, dtype)))
+    registry.register_kernel(kernel("toy", "k", backend="cpu")(_add_one))
+    return Dispatcher(registry)
+
+
+@needs_compiler
+def test_a_keyboard_interrupt_while_the_c_hit_keys_the_call_is_not_swallowed(c_hit_path, monkeypatch):
+    """plan_hit clears every exception from keying and lookup (PyErr_Clear) and lets Python key again: an
+    interrupt delivered there is lost; Python's path lets everything but NotAnArray and TypeError through."""
+    x = np.ones(3, np.float32)
+    attr = _InterruptedHash()
+
+    def call():
+        dispatcher = _op_with_an_attribute()
+        dispatcher.run("toy", (x,), (attr,))
+        _InterruptedHash.armed = True
+        return dispatcher.run("toy", (x,), (attr,))
+
+    c, python = _both_paths(monkeypatch, call)
+    assert isinstance(python, KeyboardInterrupt)
+    assert isinstance(c, KeyboardInterrupt), c
+
+
+# -- loading -----------------------------------------------------------------------------------------------
+
+
+@needs_compiler
+def test_loading_the_extension_before_the_dispatcher_is_imported_still_enables_c_hits():
+    """extension.on_load only remembers the hook: an extension loaded before xpuruntime.dispatch is imported
+    (importing xpuruntime.runtime.extension does not import it) never reaches the hook, so no hit runs in C."""
+    extension.load()  # built and cached: the child process only loads it
+    code = (
+        "import sys\nfrom xpuruntime.runtime import extension\n"
+        "assert 'xpuruntime.dispatch' not in sys.modules\n"
+        "assert extension.load() is not None\n"
+        "from xpuruntime import dispatch\n"
+        "print(dispatch._hit_in_c is not None)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "True"

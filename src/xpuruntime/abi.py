@@ -171,6 +171,8 @@ class ArgPack:
     out=), normalized attributes, config, workspace, and the stream to launch on (None on the CPU, and
     for backends whose kernels follow the framework's current stream themselves: `Backend.ambient_stream`)."""
 
+    # the C hit path (runtime/hot_path.cpp) fills these six slots without calling __init__: keep __init__
+    # to storing them
     __slots__ = ("attrs", "config", "inputs", "out", "stream", "workspace")
 
     def __init__(

@@ -54,11 +54,8 @@ _hit_in_c: Callable[..., Any] | None = None
 def _use_c_hit_path(module: ModuleType) -> None:
     """Run plan-cache hits through the C++ extension's `plan_hit` from now on (runtime/extension.py)."""
     global _hit_in_c
-    module.use_dispatcher(NOT_HIT, ArgPack, _launch_error, _returned_output)
+    module.use_dispatcher(NOT_HIT, NotAnArray, ArgPack, _launch_error, _returned_output)
     _hit_in_c = module.plan_hit
-
-
-extension.on_load(_use_c_hit_path)
 
 
 # > 0 while this thread runs or tunes kernels the dispatcher chose: a framework front end (the PyTorch
@@ -322,3 +319,6 @@ def explain(op: str, *inputs: Any, policy: Any = None, out: Any = None, show: bo
     if show:
         explanation.print()
     return explanation
+
+
+extension.on_load(_use_c_hit_path)  # at the end: the hook needs this module's functions

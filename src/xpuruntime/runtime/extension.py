@@ -75,8 +75,12 @@ _on_load: list[Callable[[ModuleType], None]] = []
 
 
 def on_load(hook: Callable[[ModuleType], None]) -> None:
-    """Call hook(module) when the extension loads, before anyone else can see it (the dispatcher's C hit path)."""
-    _on_load.append(hook)
+    """Call hook(module) when the extension loads, before anyone else can see it (the dispatcher's C hit
+    path), or at once if it is loaded already."""
+    with _lock:
+        _on_load.append(hook)
+        if _state.module is not None:
+            hook(_state.module)
 
 
 def load_soon() -> None:

@@ -23,7 +23,7 @@
 
 namespace {
 
-// What the key needs from Python, set once by `use_python` (references kept for the process's life).
+// What the key needs from Python, set by `use_python` (references kept for the process's life).
 struct PythonSide {
   PyObject* ndarray = nullptr;          // numpy.ndarray
   PyObject* signature = nullptr;        // arrays.signature: every other argument kind
@@ -129,6 +129,10 @@ PyObject* attribute_types(PyObject* attrs) {
 // plan_key(op, fingerprint, attrs, inputs, out) -> (op, fingerprint, attrs, attr types, *inputs' keys, out's key)
 PyObject* plan_key(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargs) {
   HANDLE_TH_ERRORS
+  if (py.ndarray == nullptr) {
+    PyErr_SetString(PyExc_RuntimeError, "plan_key: call use_python first");
+    return nullptr;
+  }
   if (nargs != 5) {
     PyErr_SetString(PyExc_TypeError, "plan_key: expected (op, fingerprint, attrs, inputs, out)");
     return nullptr;
@@ -160,11 +164,16 @@ PyObject* plan_key(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargs
   END_HANDLE_TH_ERRORS
 }
 
+// The layout of `Plan.hit_path` (plan.py builds it) and the order of ArgPack's slots in `argpack_slots`.
+enum HitPath { kCurrentStream, kDevice, kAllocate, kAttrs, kConfig, kLaunch, kHitPathSize };
+enum ArgPackSlot { kInputs, kOut, kPackAttrs, kPackConfig, kWorkspace, kStream, kArgPackSize };
+
 // What the hit path needs from the dispatcher, set once by `use_dispatcher`.
 struct DispatcherSide {
   PyObject* not_hit = nullptr;          // dispatch.NOT_HIT
+  PyObject* not_an_array = nullptr;     // arrays.NotAnArray: like TypeError, a key error Python converts
   PyTypeObject* argpack = nullptr;      // abi.ArgPack
-  Py_ssize_t argpack_slots[6] = {};     // offsets of inputs, out, attrs, config, workspace, stream
+  Py_ssize_t argpack_slots[kArgPackSize] = {};  // where its slots are, in ArgPackSlot order
   PyObject* launch_error = nullptr;     // dispatch._launch_error(plan, exc) -> LaunchError
   PyObject* returned_output = nullptr;  // dispatch._returned_output(plan, returned): raises for None
   PyObject* hits = nullptr;             // interned attribute names
@@ -173,11 +182,12 @@ struct DispatcherSide {
 };
 DispatcherSide dispatcher;
 
-// An ArgPack without running its Python __init__: its six __slots__ written where the class keeps them.
-PyObject* make_argpack(PyObject* const values[6]) {
+// An ArgPack without running its Python __init__: its slots written where the class keeps them
+// (`use_dispatcher` checked that these six are all it has).
+PyObject* make_argpack(PyObject* const values[kArgPackSize]) {
   PyObject* pack = dispatcher.argpack->tp_alloc(dispatcher.argpack, 0);
   if (pack == nullptr) return nullptr;
-  for (int i = 0; i < 6; ++i) {
+  for (int i = 0; i < kArgPackSize; ++i) {
     *reinterpret_cast<PyObject**>(reinterpret_cast<char*>(pack) + dispatcher.argpack_slots[i]) = Py_NewRef(values[i]);
   }
   return pack;
@@ -196,80 +206,110 @@ bool count_hit(PyObject* cache, PyObject* plan) {
   return ok;
 }
 
-// The launch failed: raise dispatch._launch_error(plan, exc) from exc, as Dispatcher.run does.
+// The launch raised an Exception: raise dispatch._launch_error(plan, exc) from exc, as Dispatcher.run's
+// `except Exception as exc:` does. The caller's frame joins exc's traceback (Python's path has it there),
+// and exc is the handled exception meanwhile, so that whatever is raised here gets it as __context__.
 void raise_launch_error(PyObject* plan) {
+  PyFrameObject* frame = PyEval_GetFrame();  // Dispatcher.run
+  if (frame != nullptr) PyTraceBack_Here(frame);
   PyObject *type, *exc, *traceback;
   PyErr_Fetch(&type, &exc, &traceback);
   PyErr_NormalizeException(&type, &exc, &traceback);
   if (traceback != nullptr) PyException_SetTraceback(exc, traceback);
+  PyObject* handled = PyErr_GetHandledException();
+  PyErr_SetHandledException(exc);
   PyObject* error = PyObject_CallFunctionObjArgs(dispatcher.launch_error, plan, exc, nullptr);
   if (error != nullptr) {
-    PyException_SetContext(error, Py_NewRef(exc));
     PyException_SetCause(error, Py_NewRef(exc));  // also sets __suppress_context__, as `from exc` does
-    PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(error)), error);
+    PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(error)), error);  // __context__: exc
     Py_DECREF(error);
   }
+  PyErr_SetHandledException(handled);
+  Py_XDECREF(handled);
   Py_XDECREF(type);
   Py_XDECREF(exc);
   Py_XDECREF(traceback);
 }
 
-// Runs a plan's hit_path (current_stream, device, allocate, attrs, config, launch) on `inputs`.
-PyObject* launch(PyObject* plan, PyObject* hit_path, PyObject* inputs) {
+// Runs a plan's hit_path on `inputs`: stream, output, ArgPack, launch; returns the output.
+PyObject* run_hit_path(PyObject* plan, PyObject* hit_path, PyObject* inputs) {
   PyObject* const* step = &PyTuple_GET_ITEM(hit_path, 0);
-  PyObject *current_stream = step[0], *device = step[1], *allocate = step[2], *launch = step[5];
-  PyObject* stream = current_stream == Py_None ? Py_NewRef(Py_None) : PyObject_CallOneArg(current_stream, device);
+  PyObject *current_stream = step[kCurrentStream], *allocate = step[kAllocate];
+  PyObject* stream =
+      current_stream == Py_None ? Py_NewRef(Py_None) : PyObject_CallOneArg(current_stream, step[kDevice]);
   if (stream == nullptr) return nullptr;
+  // None for a returns_output kernel (its return value is the output), as Python's path does
   PyObject* out = allocate == Py_None ? Py_NewRef(Py_None) : PyObject_CallOneArg(allocate, stream);
   PyObject* returned = nullptr;
   if (out != nullptr) {
-    PyObject* const values[6] = {inputs, out, step[3], step[4], Py_None, stream};
+    PyObject* const values[kArgPackSize] = {inputs, out, step[kAttrs], step[kConfig], Py_None, stream};
     PyObject* pack = make_argpack(values);
     if (pack != nullptr) {
-      returned = PyObject_CallOneArg(launch, pack);
-      if (returned == nullptr) raise_launch_error(plan);
+      returned = PyObject_CallOneArg(step[kLaunch], pack);
+      if (returned == nullptr && PyErr_ExceptionMatches(PyExc_Exception)) raise_launch_error(plan);
       Py_DECREF(pack);
     }
   }
   Py_DECREF(stream);
-  if (returned == nullptr || allocate == Py_None) {  // a returns_output kernel: its return value is the output
+  if (returned == nullptr) {
     Py_XDECREF(out);
-    if (returned == Py_None) {
-      Py_DECREF(returned);
-      return PyObject_CallFunctionObjArgs(dispatcher.returned_output, plan, Py_None, nullptr);  // raises
-    }
-    return returned;
+    return nullptr;
   }
+  if (out != Py_None) {
+    Py_DECREF(returned);
+    return out;
+  }
+  Py_DECREF(out);
+  if (returned != Py_None) return returned;
   Py_DECREF(returned);
-  return out;
+  return PyObject_CallFunctionObjArgs(dispatcher.returned_output, plan, Py_None, nullptr);  // raises
 }
 
 // plan_hit(cache, entries, op, fingerprint, attrs, inputs) -> the output, or NOT_HIT (nothing has run)
 PyObject* plan_hit(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 6 || !PyDict_CheckExact(args[1]) || !PyTuple_CheckExact(args[5])) {
-    PyErr_SetString(PyExc_TypeError, "plan_hit: expected (cache, entries dict, op, fingerprint, attrs, inputs tuple)");
+  if (dispatcher.not_hit == nullptr || py.ndarray == nullptr) {
+    PyErr_SetString(PyExc_RuntimeError, "plan_hit: call use_python and use_dispatcher first");
+    return nullptr;
+  }
+  if (nargs != 6 || !PyDict_CheckExact(args[1])) {
+    PyErr_SetString(PyExc_TypeError, "plan_hit: expected (cache, entries dict, op, fingerprint, attrs, inputs)");
     return nullptr;
   }
   PyObject* const key_args[5] = {args[2], args[3], args[4], args[5], Py_None};
   PyObject* key = plan_key(nullptr, key_args, 5);
+  // the GIL is held from the lookup to the INCREF: no other thread can drop the dict's reference between
   PyObject* plan = key == nullptr ? nullptr : PyDict_GetItemWithError(args[1], key);
   Py_XINCREF(plan);  // the dict's reference may go while the kernel runs (another thread may evict it)
   Py_XDECREF(key);
-  if (plan == nullptr) {  // a miss, or a key error that Python's path raises or converts
+  if (plan == nullptr) {
+    if (!PyErr_Occurred()) return Py_NewRef(dispatcher.not_hit);  // a miss
+    // Python's path converts the arguments of a call its key refuses; every other error is the caller's
+    if (!PyErr_ExceptionMatches(PyExc_TypeError) && !PyErr_ExceptionMatches(dispatcher.not_an_array)) return nullptr;
     PyErr_Clear();
     return Py_NewRef(dispatcher.not_hit);
   }
   PyObject* hit_path = PyObject_GetAttr(plan, dispatcher.hit_path);
   PyObject* result = nullptr;
-  if (hit_path == Py_None) result = Py_NewRef(dispatcher.not_hit);
-  else if (hit_path != nullptr && count_hit(args[0], plan)) result = launch(plan, hit_path, args[5]);
+  if (hit_path == Py_None) {
+    result = Py_NewRef(dispatcher.not_hit);
+  } else if (hit_path != nullptr && (!PyTuple_CheckExact(hit_path) || PyTuple_GET_SIZE(hit_path) != kHitPathSize)) {
+    PyErr_SetString(PyExc_TypeError, "plan_hit: Plan.hit_path must be None or a tuple of 6");
+  } else if (hit_path != nullptr && count_hit(args[0], plan)) {
+    result = run_hit_path(plan, hit_path, args[5]);
+  }
   Py_XDECREF(hit_path);
   Py_DECREF(plan);
   return result;
 }
 
-// Offsets of a __slots__ class's members, in the order given.
+// Where a __slots__ class keeps its members, in the order named; false unless they are all it has.
 bool slot_offsets(PyTypeObject* type, std::initializer_list<const char*> names, Py_ssize_t* offsets) {
+  const auto slots = static_cast<Py_ssize_t>(names.size());
+  if (type->tp_base != &PyBaseObject_Type || type->tp_dictoffset != 0 ||
+      type->tp_basicsize != PyBaseObject_Type.tp_basicsize + slots * static_cast<Py_ssize_t>(sizeof(PyObject*))) {
+    PyErr_Format(PyExc_TypeError, "use_dispatcher: %s must have exactly the __slots__ the C hit path fills", type->tp_name);
+    return false;
+  }
   for (const char* name : names) {
     PyObject* member = PyDict_GetItemString(type->tp_dict, name);
     if (member == nullptr || !PyObject_TypeCheck(member, &PyMemberDescr_Type)) {
@@ -282,32 +322,37 @@ bool slot_offsets(PyTypeObject* type, std::initializer_list<const char*> names, 
 }
 
 PyObject* use_dispatcher(PyObject* /*module*/, PyObject* args) {
-  PyObject *not_hit, *argpack, *launch_error, *returned_output;
-  if (!PyArg_ParseTuple(args, "OO!OO", &not_hit, &PyType_Type, &argpack, &launch_error, &returned_output)) return nullptr;
+  PyObject *not_hit, *not_an_array, *argpack, *launch_error, *returned_output;
+  if (!PyArg_ParseTuple(args, "OOO!OO", &not_hit, &not_an_array, &PyType_Type, &argpack, &launch_error,
+                        &returned_output)) {
+    return nullptr;
+  }
   auto* type = reinterpret_cast<PyTypeObject*>(argpack);
-  if (!slot_offsets(type, {"inputs", "out", "attrs", "config", "workspace", "stream"}, dispatcher.argpack_slots)) return nullptr;
-  for (PyObject* ref : {not_hit, argpack, launch_error, returned_output}) Py_INCREF(ref);
-  dispatcher.not_hit = not_hit;
-  dispatcher.argpack = type;
-  dispatcher.launch_error = launch_error;
-  dispatcher.returned_output = returned_output;
-  dispatcher.hits = PyUnicode_InternFromString("hits");
-  dispatcher.last_used = PyUnicode_InternFromString("last_used");
-  dispatcher.hit_path = PyUnicode_InternFromString("hit_path");
+  // in ArgPackSlot order
+  if (!slot_offsets(type, {"inputs", "out", "attrs", "config", "workspace", "stream"}, dispatcher.argpack_slots)) {
+    return nullptr;
+  }
+  Py_XSETREF(dispatcher.not_hit, Py_NewRef(not_hit));
+  Py_XSETREF(dispatcher.not_an_array, Py_NewRef(not_an_array));
+  Py_XSETREF(dispatcher.argpack, reinterpret_cast<PyTypeObject*>(Py_NewRef(argpack)));
+  Py_XSETREF(dispatcher.launch_error, Py_NewRef(launch_error));
+  Py_XSETREF(dispatcher.returned_output, Py_NewRef(returned_output));
+  Py_XSETREF(dispatcher.hits, PyUnicode_InternFromString("hits"));
+  Py_XSETREF(dispatcher.last_used, PyUnicode_InternFromString("last_used"));
+  Py_XSETREF(dispatcher.hit_path, PyUnicode_InternFromString("hit_path"));
   Py_RETURN_NONE;
 }
 
 PyObject* use_python(PyObject* /*module*/, PyObject* args) {
   PyObject *ndarray, *signature, *attr_types, *python_plan_key;
   if (!PyArg_ParseTuple(args, "OOOO", &ndarray, &signature, &attr_types, &python_plan_key)) return nullptr;
-  for (PyObject* ref : {ndarray, signature, attr_types, python_plan_key}) Py_INCREF(ref);
-  py.ndarray = ndarray;
-  py.signature = signature;
-  py.attr_types = attr_types;
-  py.python_plan_key = python_plan_key;
-  py.dtype = PyUnicode_InternFromString("dtype");
-  py.shape = PyUnicode_InternFromString("shape");
-  py.strides = PyUnicode_InternFromString("strides");
+  Py_XSETREF(py.ndarray, Py_NewRef(ndarray));
+  Py_XSETREF(py.signature, Py_NewRef(signature));
+  Py_XSETREF(py.attr_types, Py_NewRef(attr_types));
+  Py_XSETREF(py.python_plan_key, Py_NewRef(python_plan_key));
+  Py_XSETREF(py.dtype, PyUnicode_InternFromString("dtype"));
+  Py_XSETREF(py.shape, PyUnicode_InternFromString("shape"));
+  Py_XSETREF(py.strides, PyUnicode_InternFromString("strides"));
   Py_RETURN_NONE;
 }
 
@@ -321,7 +366,7 @@ PyMethodDef methods[] = {
     {"plan_hit", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(plan_hit)), METH_FASTCALL,
      "Dispatcher.run's plan-cache hit for a call without out=: the output, or NOT_HIT"},
     {"use_dispatcher", use_dispatcher, METH_VARARGS,
-     "use_dispatcher(NOT_HIT, ArgPack, launch_error, returned_output): what the hit path needs"},
+     "use_dispatcher(NOT_HIT, NotAnArray, ArgPack, launch_error, returned_output): what the hit path needs"},
 };
 
 }  // namespace
