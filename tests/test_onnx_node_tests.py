@@ -39,10 +39,19 @@ def _feeds(case: object, inputs: list) -> list[np.ndarray]:
     return [a.astype(d) if a.dtype == object else a for a, d in zip(arrays, declared)]
 
 
-# Cases whose expected outputs are computed less precisely than we compute them: a documented mismatch.
+# Cases with a documented mismatch: expected outputs computed less precisely than we compute them, or
+# by a rule onnxruntime does not follow, and training-mode cases whose outputs are random.
+_ALIGN_CORNERS = (
+    "align_corners with a scale whose output size is not whole: the reference divides by scale * length - 1; "
+    "we, onnxruntime and PyTorch divide by the output's (whole) length - 1, the spec's length_resized"
+)
+_TRAINING = "training_mode=True with ratio > 0 drops at random (numpy's RandomState); the session runs inference"
 KNOWN = {
     "test_attention_4d_causal_fp16_expanded": "the reference does its fp16 MatMul and Softmax in fp16; the "
     "matmul and softmax kernels accumulate fp16 in fp32, which lands 2 fp16 ulps away in 2 of 192 elements",
+    "test_resize_downsample_scales_linear_align_corners": _ALIGN_CORNERS,
+    "test_resize_downsample_scales_cubic_align_corners": _ALIGN_CORNERS,
+    **{f"test_training_dropout{suffix}": _TRAINING for suffix in ("", "_mask", "_default", "_default_mask")},
 }
 
 
@@ -72,3 +81,5 @@ def test_claimed_ops_all_have_node_tests() -> None:
     """Guard against a claim list that silently stops matching the suite."""
     ops = {n.op_type for c in CLAIMED for n in c.model.graph.node}
     assert {"MatMul", "Softmax", "LayerNormalization", "Gather", "Slice", "Reshape", "Erf", "Where"} <= ops
+    assert {"Resize", "Upsample", "Pad", "TopK", "Dropout", "PRelu"} <= ops
+    assert all(name in {c.name for c in CLAIMED} for name in KNOWN)  # every documented mismatch still runs

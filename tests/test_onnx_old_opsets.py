@@ -7,36 +7,21 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-import onnxruntime as ort
+import onnx_models
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
+from onnx_models import onnxruntime as run_ort
+from onnx_models import ours as run
+from onnx_models import vi
 
-from xpuruntime.onnx import InferenceSession, SessionOptions, UnsupportedModelError
+from xpuruntime.onnx import InferenceSession, UnsupportedModelError
 
 F, D, I32, I64 = TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.INT32, TensorProto.INT64
 LEVELS = ("disabled", "basic", "all")
 
 
 def make(nodes: list, inputs: list, outputs: list, consts: dict | None = None, opset: int = 1) -> onnx.ModelProto:
-    inits = [numpy_helper.from_array(np.asarray(v), k) for k, v in (consts or {}).items()]
-    graph = helper.make_graph(nodes, "t", inputs, outputs, inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=3)
-
-
-def vi(name: str, shape: list | None, dtype: int = F) -> onnx.ValueInfoProto:
-    return helper.make_tensor_value_info(name, dtype, shape)
-
-
-def run(model: onnx.ModelProto, feed: dict, level: str = "all") -> list[np.ndarray]:
-    sess = InferenceSession(model.SerializeToString(), SessionOptions(graph_optimization_level=level))
-    return sess.run(None, {k: v.copy() for k, v in feed.items()})
-
-
-def run_ort(model: onnx.ModelProto, feed: dict) -> list[np.ndarray]:
-    options = ort.SessionOptions()
-    options.log_severity_level = 3  # "only guarantees support for opset 7 or above": expected here
-    sess = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    return sess.run(None, feed)
+    return onnx_models.make(nodes, inputs, outputs, consts, opset, ir_version=3)
 
 
 def same(got: list[np.ndarray], want: list[np.ndarray], rtol: float = 1e-6) -> None:

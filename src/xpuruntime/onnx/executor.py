@@ -36,12 +36,13 @@ ALWAYS_STATIC = frozenset({"Shape", "Size"})
 # signature (a graph input's values, say), the output's shape can change from run to run of one plan
 SHAPE_INPUTS = {
     "Reshape": (1,), "Expand": (1,), "Tile": (1, 2), "Slice": (1, 2, 3, 4), "Range": (0, 1, 2),
-    "ConstantOfShape": (0,), "Squeeze": (1,), "Unsqueeze": (1,), "Split": (1,),
+    "ConstantOfShape": (0,), "Squeeze": (1,), "Unsqueeze": (1,), "Split": (1,), "Pad": (1, 3), "TopK": (1,),
+    "Resize": (1, 2, 3), "Upsample": (1,),
     **{f"Reduce{op}": (1,) for op in ("Sum", "Mean", "Max", "Min", "Prod", "L1", "L2", "SumSquare", "LogSum",
                                       "LogSumExp")},
 }  # fmt: skip
 TUPLE_RESULTS = frozenset(
-    {"LayerNormalization", "Split"}
+    {"LayerNormalization", "Split", "TopK", "Dropout"}
 )  # op-map functions that return a tuple  # their outputs depend only on the input signature
 
 

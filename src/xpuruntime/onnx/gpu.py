@@ -21,6 +21,8 @@ from ..graph.ir import Node
 from .errors import UnsupportedModelError
 from .executor import ExecutionPlan, Planner, Step
 from .lowering import XRT_DOMAIN, dtype_name
+from .opmap import check_dropout_inference, crop_widths, pad_source, pad_widths
+from .resize import axis_taps, outside_mask, resize_spec, split_inputs, taps_key
 from .session import check_shape
 
 if TYPE_CHECKING:
@@ -36,7 +38,8 @@ except ImportError:  # the CPU path never imports this module
 HOST_INPUTS = {
     "Reshape": {1}, "Expand": {1}, "Slice": {1, 2, 3, 4}, "Squeeze": {1}, "Unsqueeze": {1}, "Split": {1},
     "Tile": {1, 2}, "ReduceSum": {1}, "ReduceMean": {1}, "ReduceMax": {1}, "ReduceMin": {1}, "ReduceProd": {1},
-    "ConstantOfShape": {0}, "Range": {0, 1, 2},
+    "ConstantOfShape": {0}, "Range": {0, 1, 2}, "Pad": {1, 2, 3}, "TopK": {1}, "Resize": {1, 2, 3},
+    "Upsample": {1}, "Dropout": {1, 2},
 }  # fmt: skip
 
 
@@ -53,6 +56,39 @@ def _ints_or_float(x: Any) -> float:
     if torch is not None and isinstance(x, torch.Tensor):
         x = x.detach().cpu().numpy()
     return float(np.asarray(x).reshape(-1)[0])
+
+
+def _host(x: Any) -> Any:
+    """An operand read on the host (scales, sizes, roi) as NumPy; a device tensor costs a sync."""
+    return x.detach().cpu().numpy() if torch is not None and isinstance(x, torch.Tensor) else x
+
+
+def _scalar(x: Any) -> Any:
+    """The first element of a host array or tensor, as a Python number."""
+    return np.asarray(_host(x)).reshape(-1)[0].item()
+
+
+def _as_tensor(array: np.ndarray, device: Any, non_blocking: bool = False) -> Any:
+    """A host array as a tensor on `device`. torch.from_numpy shares the array's memory and warns about a
+    read-only one (initializers are), so that one, or a non-contiguous one, is copied first; a writable
+    contiguous array is not (and a 0-d array stays 0-d)."""
+    if not array.flags.writeable or not array.flags.c_contiguous:
+        array = np.array(array, order="C")
+    return torch.from_numpy(array).to(device, non_blocking=non_blocking)
+
+
+class _DeviceCache(dict):
+    """Host arrays (pad and resize indices and weights) moved to a device once per key, so a replayed
+    CUDA graph never copies from the host; a few hundred keys at most."""
+
+    def get_or_move(self, key: Any, make: Callable[[], tuple], device: Any) -> tuple:
+        found = self.get((key, str(device)))
+        if found is None:
+            if len(self) > 256:
+                self.clear()
+            found = tuple(None if a is None else _as_tensor(np.asarray(a), device) for a in make())
+            self[(key, str(device))] = found
+        return found
 
 
 def _extreme(dtype: Any, low: bool) -> Any:
@@ -402,6 +438,75 @@ def _builders() -> dict[str, Callable[[Node, int], Callable]]:
     def size(node: Node, opset: int) -> Callable:
         return lambda x: torch.tensor(x.numel(), dtype=torch.int64, device=x.device)
 
+    def pad(node: Node, opset: int) -> Callable:
+        mode, cache = node.attrs.get("mode", "constant"), _DeviceCache()
+
+        def run(x: Any, pads: Any, value: Any = None, axes: Any = None) -> Any:
+            widths = pad_widths("Pad", tuple(x.shape), _ints(pads), None if axes is None else _ints(axes))
+            crop, widths = crop_widths(widths)
+            x = x[crop]
+            if mode == "constant":
+                fill = 0 if value is None or np.size(_host(value)) == 0 else _scalar(value)
+                out = x.new_full([n + b + e for n, (b, e) in zip(x.shape, widths)], fill)
+                out[tuple(slice(b, b + n) for n, (b, _) in zip(x.shape, widths))] = x
+                return out
+            for axis, (begin, end) in enumerate(widths):
+                if begin or end:
+                    key = (x.shape[axis], begin, end)
+                    (index,) = cache.get_or_move(key, lambda key=key: (pad_source(*key, mode),), x.device)
+                    x = x.index_select(axis, index)
+            return x
+
+        return run
+
+    def resize(node: Node, opset: int) -> Callable:
+        spec, cache = resize_spec(node, opset), _DeviceCache()
+
+        def run(x: Any, *rest: Any) -> Any:
+            key = taps_key(tuple(x.shape), *(_host(r) for r in split_inputs(spec, rest)))
+            _, taps = axis_taps(spec, key)
+            moved = cache.get_or_move(
+                key, lambda: (outside_mask(taps, x.dim()), *(a for t in taps for a in (t.index, t.weight))), x.device
+            )
+            mask, *arrays = moved
+            wide = x.dtype == torch.float64 or not x.is_floating_point()  # as resize.compute_dtype
+            y = x if spec.mode == "nearest" else x.to(torch.float64 if wide else torch.float32)
+            for tap, index, weight in zip(taps, arrays[::2], arrays[1::2]):
+                y = _interpolate(y, tap.axis, index, weight)
+            if mask is not None:
+                y = torch.where(mask, torch.tensor(spec.extrapolation, dtype=y.dtype, device=y.device), y)
+            if y.dtype == x.dtype:
+                return y
+            if not x.is_floating_point():
+                info = torch.iinfo(x.dtype)
+                y = torch.clamp(torch.round(y), info.min, info.max)
+            return y.to(x.dtype)
+
+        return run
+
+    def topk(node: Node, opset: int) -> Callable:
+        axis, largest = node.attrs.get("axis", -1), bool(node.attrs.get("largest", 1))
+
+        def run(x: Any, k: Any) -> tuple:
+            ax, count = axis % x.dim(), _ints(k)[0]
+            values, index = torch.sort(x, dim=ax, descending=largest, stable=True)  # ties: lower index first
+            return values.narrow(ax, 0, count), index.narrow(ax, 0, count)
+
+        return run
+
+    def dropout(node: Node, opset: int) -> Callable:
+        mask = len(node.outputs) > 1 and bool(node.outputs[1])
+
+        def run(x: Any, ratio: Any = None, training: Any = None) -> tuple:
+            check_dropout_inference(_host(ratio), _host(training))
+            if not mask:
+                return (x,)
+            dtype = torch.bool if opset >= 10 else x.dtype
+            return x, torch.ones(x.shape, dtype=dtype, device=x.device)
+
+        return run
+
+    ops.update(Pad=pad, Resize=resize, Upsample=resize, TopK=topk, Dropout=dropout)
     ops.update(
         PRelu=prelu, Mod=mod, Sum=sum_mean, Mean=sum_mean, ArgMax=arg, ArgMin=arg, CumSum=cumsum, Trilu=trilu,
         GatherElements=gather_elements, Einsum=einsum, Shape=shape, Size=size,
@@ -415,6 +520,20 @@ def _builders() -> dict[str, Callable[[Node, int], Callable]]:
         Range=range_, ConstantOfShape=constant_of_shape,
     )  # fmt: skip
     return ops
+
+
+def _interpolate(y: Any, axis: int, index: Any, weight: Any) -> Any:
+    """One axis of a resize: output i is the sum over taps j of y[index[i, j]] * weight[i, j] (one tap
+    and no weights: nearest)."""
+    if weight is None:
+        return y.index_select(axis, index[:, 0])
+    along = (-1,) + (1,) * (y.dim() - axis - 1)
+    weight = weight.to(y.dtype)
+    total = None
+    for j in range(index.shape[1]):
+        term = y.index_select(axis, index[:, j]) * weight[:, j].reshape(along)
+        total = term if total is None else total.add_(term)
+    return total
 
 
 def _fused_fallback(node: Node) -> Callable:
@@ -491,7 +610,7 @@ class GpuPlanner(Planner):
                 if values[index] is None:  # initializers move once per session, shape-derived values per plan
                     tensor = self.constants.get(device_name)
                     if tensor is None:
-                        tensor = torch.from_numpy(np.ascontiguousarray(value)).to(self.device)
+                        tensor = _as_tensor(value, self.device)
                         if name in self.graph.initializers:
                             self.constants[device_name] = tensor
                     values[index] = tensor
@@ -558,7 +677,7 @@ class GpuRunner:
                 feeds.append(t.to(self.device).contiguous())
             return variant, feeds, False
         variant, arrays = session.variant_feeds(input_feed)
-        return variant, [torch.from_numpy(a).to(self.device, non_blocking=True) for a in arrays], True
+        return variant, [_as_tensor(a, self.device, non_blocking=True) for a in arrays], True
 
     def run(self, input_feed: Any) -> list:
         variant, feeds, numpy_out = self.feeds(input_feed)

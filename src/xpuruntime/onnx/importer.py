@@ -16,6 +16,7 @@ from onnx import helper, numpy_helper
 
 from ..graph.ir import Dim, Graph, GraphError, Node, Value
 from .errors import ModelLoadError, UnsupportedModelError
+from .forms import check_forms
 from .legacy import upgrade
 from .opmap import SUPPORTED
 
@@ -199,6 +200,7 @@ def import_model(model: onnx.ModelProto, base_dir: str | None = None) -> Graph:
         else:
             graph.nodes.append(node)
     upgrade(graph, model)
+    check_forms(graph, {value.name for value in overridable_initializers(model, graph)})
     graph.verify()
     return graph
 

@@ -3,6 +3,9 @@ builders run: what a later version made an input becomes a constant input, defau
 versions are written out, and legacy broadcasting (opset 1 to 6: `broadcast=1` with an `axis`) becomes
 NumPy-style broadcasting by giving B trailing dims of size 1.
 
+Also rewritten: PRelu-1/6's per-channel slope (given trailing 1s), Pad-1/2's pads and value, TopK-1's k
+and Upsample-1/7's scales (attributes made constant inputs).
+
 Forms the op map reads directly for every opset (Slice-1 bounds, Squeeze/Unsqueeze/Reduce axes and Split
 sizes as attributes, Tile-1's tiles and axis, Softmax's 2-D coercion before 13) are left as they are.
 """
@@ -42,6 +45,14 @@ def upgrade(graph: Graph, model: onnx.ModelProto) -> None:
             node.attrs.setdefault("max", FLOAT_MAX)
         elif node.op in LEGACY_BROADCAST and opset < 7:
             _legacy_broadcast(graph, node, ranks)
+        elif node.op == "PRelu" and opset < 7:
+            _prelu_per_channel(graph, node, ranks)
+        elif node.op == "Pad":  # Pad-1 and Pad-2 (opset < 11)
+            _pad_2(graph, node)
+        elif node.op == "TopK" and opset < 10:
+            _topk_1(graph, node)
+        elif node.op == "Upsample" and opset < 9:
+            _upsample_7(graph, node)
 
 
 def _reshape_1(graph: Graph, node: Node) -> None:
@@ -82,6 +93,59 @@ def _legacy_broadcast(graph: Graph, node: Node, ranks: _Ranks) -> None:
     unsqueeze = Node("Unsqueeze", [b], [aligned], {"axes": list(range(rank_b, rank_b + pad))}, aligned)
     graph.nodes.insert(graph.nodes.index(node), unsqueeze)  # Unsqueeze-1: axes is an attribute
     node.inputs[1] = aligned
+
+
+def _prelu_per_channel(graph: Graph, node: Node, ranks: _Ranks) -> None:
+    """PRelu-1 and PRelu-6: a 1-D slope of size C holds one value per channel (dim 1 of an N x C x ...
+    input), where NumPy broadcasting would align it with the last dim: the slope gets trailing 1s."""
+    node.attrs.pop("consumed_inputs", None)
+    x, slope = node.inputs
+    rank_x, array = ranks.of(x), graph.constant(slope)
+    shape = graph.value(slope).shape if array is None else array.shape
+    if rank_x is None or rank_x <= 2 or shape is None or len(shape) != 1 or shape[0] == 1:
+        return  # a single slope, or an N x C input: NumPy's rule already applies it per channel
+    channels = graph.value(x).shape[1] if graph.value(x).shape is not None else None
+    if isinstance(channels, int) and isinstance(shape[0], int) and channels != shape[0]:
+        return  # not one value per channel: left to NumPy's broadcasting
+    aligned = graph.fresh_name(f"{slope}_per_channel")
+    unsqueeze = Node("Unsqueeze", [slope], [aligned], {"axes": list(range(1, rank_x - 1))}, aligned)
+    graph.nodes.insert(graph.nodes.index(node), unsqueeze)  # Unsqueeze-1: axes is an attribute
+    node.inputs[1] = aligned
+
+
+def _pad_2(graph: Graph, node: Node) -> None:
+    """Pad-1 (`paddings`) and Pad-2 (`pads`) with a `value` attribute -> Pad-11's pads and constant_value
+    inputs (`mode` stays an attribute)."""
+    pads = node.attrs.pop("pads", node.attrs.pop("paddings", None))
+    if pads is None:
+        raise GraphError(f"{node.describe()}: Pad before opset 11 needs its 'pads' attribute")
+    dtype = graph.value(node.inputs[0]).dtype or "float32"
+    value = np.array(node.attrs.pop("value", 0.0), dtype)
+    target = graph.add_constant(f"{node.name}_pads", np.array(list(pads), np.int64))
+    node.inputs = [node.inputs[0], target, graph.add_constant(f"{node.name}_value", value)]
+
+
+def _topk_1(graph: Graph, node: Node) -> None:
+    """TopK-1: k is an attribute; from opset 10 it is a 1-D input."""
+    k = node.attrs.pop("k", None)
+    if k is None:
+        raise GraphError(f"{node.describe()}: TopK before opset 10 needs its 'k' attribute")
+    node.inputs = [node.inputs[0], graph.add_constant(f"{node.name}_k", np.array([k], np.int64))]
+
+
+def _upsample_7(graph: Graph, node: Node) -> None:
+    """Upsample-7's `scales` attribute, and experimental Upsample-1's height_scale and width_scale on an
+    NCHW input with mode 'bilinear', -> Upsample-9's scales input (mode 'nearest' or 'linear')."""
+    scales = node.attrs.pop("scales", None)
+    if scales is None:
+        height, width = node.attrs.pop("height_scale", None), node.attrs.pop("width_scale", None)
+        if height is None or width is None:
+            raise GraphError(f"{node.describe()}: Upsample before opset 9 needs 'scales' (or height_scale and "
+                             "width_scale)")  # fmt: skip
+        scales = [1.0, 1.0, height, width]
+    if node.attrs.get("mode") == "bilinear":
+        node.attrs["mode"] = "linear"
+    node.inputs = [node.inputs[0], graph.add_constant(f"{node.name}_scales", np.array(scales, np.float32))]
 
 
 # ops whose output has the rank of their first input (at opsets 1 to 6, where these rewrites apply)

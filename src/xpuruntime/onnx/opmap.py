@@ -13,6 +13,7 @@ import numpy as np
 from ..backends.cpu.fused_elementwise import erf
 from ..errors import ArgumentError, ShapeError
 from ..graph.ir import Node
+from .resize import resize, resize_spec
 
 Fn = Callable[..., Any]
 Builder = Callable[[Node, int], Fn]
@@ -583,6 +584,115 @@ def _gather_elements(node: Node, opset: int) -> Fn:
 def _einsum(node: Node, opset: int) -> Fn:
     equation = node.attrs["equation"].replace(" ", "")
     return lambda *xs: np.asarray(np.einsum(equation, *xs)).astype(xs[0].dtype, copy=False)
+
+
+# -- padding, resizing, top-k, dropout -----------------------------------------------------------------
+PAD_MODES = ("constant", "reflect", "edge", "wrap")
+
+
+def pad_widths(op: str, shape: tuple[int, ...], pads: Any, axes: Any = None) -> list[tuple[int, int]]:
+    """Pad-11+ `pads` ([begin..., end...] over `axes`, all axes by default) as (begin, end) per dim."""
+    values, rank = _ints(pads), len(shape)
+    picked = [_axis(op, a, rank) for a in _ints(axes)] if axes is not None else list(range(rank))
+    if len(values) != 2 * len(picked) or len(set(picked)) != len(picked):
+        raise ShapeError(f"{op}: {len(values)} pads for axes {picked} of an input of shape {shape}")
+    widths = [(0, 0)] * rank
+    for i, axis in enumerate(picked):
+        widths[axis] = (values[i], values[len(picked) + i])
+    if any(n + begin + end < 0 for n, (begin, end) in zip(shape, widths)):
+        raise ShapeError(f"{op}: pads {values} remove more than the input's shape {shape} holds")
+    return widths
+
+
+def pad_source(n: int, begin: int, end: int, mode: str) -> np.ndarray:
+    """For reflect, edge and wrap padding of a dim of size n (pads >= 0): the index each output reads."""
+    if n == 0:
+        raise ShapeError(f"Pad: mode '{mode}' cannot pad an empty dim")
+    i = np.arange(-begin, n + end)
+    if mode == "edge":
+        return np.clip(i, 0, n - 1)
+    if mode == "wrap":
+        return np.mod(i, n)
+    period = max(2 * (n - 1), 1)  # reflect: about the first and last elements, repeatedly
+    i = np.mod(i, period)
+    return np.where(i < n, i, period - i)
+
+
+def crop_widths(widths: list[tuple[int, int]]) -> tuple[tuple[slice, ...], list[tuple[int, int]]]:
+    """Negative pads remove elements: the slices that do that, and the pads (all >= 0) left after them."""
+    crop = tuple(slice(max(-b, 0), e if e < 0 else None) for b, e in widths)
+    return crop, [(max(b, 0), max(e, 0)) for b, e in widths]
+
+
+@op("Pad")
+def _pad(node: Node, opset: int) -> Fn:
+    mode = node.attrs.get("mode", "constant")  # checked by forms.py; legacy.py makes Pad-1/2's pads inputs
+
+    def run(x: np.ndarray, pads: np.ndarray, value: Any = None, axes: Any = None) -> np.ndarray:
+        crop, widths = crop_widths(pad_widths("Pad", x.shape, pads, axes))
+        x = x[crop]
+        if mode == "constant":
+            fill = 0 if value is None or np.size(value) == 0 else np.asarray(value).reshape(-1)[0]
+            return np.pad(x, widths, constant_values=np.asarray(fill).astype(x.dtype))
+        for axis, (begin, end) in enumerate(widths):
+            if begin or end:
+                x = np.take(x, pad_source(x.shape[axis], begin, end, mode), axis=axis)
+        return x
+
+    return run
+
+
+@op("Resize", "Upsample")
+def _resize(node: Node, opset: int) -> Fn:
+    spec = resize_spec(node, opset)
+    return lambda x, *rest: resize(spec, x, *rest)
+
+
+def topk_order(x: np.ndarray, axis: int, largest: bool) -> np.ndarray:
+    """Indices that sort `x` along `axis`, largest (or smallest) first, ties in index order."""
+    if not largest:
+        return np.argsort(x, axis=axis, kind="stable")
+    flipped = np.argsort(np.flip(x, axis), axis=axis, kind="stable")  # ties: higher original index first
+    return np.flip(x.shape[axis] - 1 - flipped, axis)
+
+
+@op("TopK")
+def _topk(node: Node, opset: int) -> Fn:
+    axis, largest = node.attrs.get("axis", -1), bool(node.attrs.get("largest", 1))  # legacy.py: TopK-1's k
+
+    def run(x: np.ndarray, k: np.ndarray) -> tuple:
+        ax = _axis("TopK", axis, x.ndim)
+        count = _ints(k)
+        if len(count) != 1 or not 0 <= count[0] <= x.shape[ax]:
+            raise ArgumentError(f"TopK: k={count} is not one value in [0, {x.shape[ax]}] (axis {axis} of {x.shape})")
+        index = np.take(topk_order(x, ax, largest), np.arange(count[0]), axis=ax)
+        return np.take_along_axis(x, index, axis=ax), index.astype(np.int64)
+
+    return run
+
+
+def check_dropout_inference(ratio: Any, training: Any) -> None:
+    """A training_mode fed as True (forms.py declines a constant one) drops values at random unless the
+    ratio is 0: refused, as the session runs inference only."""
+    on = training is not None and bool(np.asarray(training).reshape(-1)[0])
+    if on and (ratio is None or np.asarray(ratio).reshape(-1)[0] != 0):
+        raise ArgumentError(
+            "Dropout: training_mode=True with a ratio above 0 drops values at random; the session runs "
+            "inference only (training_mode False, or ratio 0)"
+        )
+
+
+@op("Dropout")
+def _dropout(node: Node, opset: int) -> Fn:
+    mask = len(node.outputs) > 1 and bool(node.outputs[1])  # all True: bool from opset 10, x's type before
+
+    def run(x: np.ndarray, ratio: Any = None, training: Any = None) -> tuple:
+        check_dropout_inference(ratio, training)
+        if not mask:
+            return (x,)
+        return x, np.ones(x.shape, bool if opset >= 10 else x.dtype)
+
+    return run
 
 
 SUPPORTED = frozenset(OPS) | {"Constant"}  # Constant nodes become initializers when the model is loaded

@@ -1,0 +1,315 @@
+"""Resize (opset 10 to 19) and Upsample (7, 9; 1 through legacy.py) as separable interpolation.
+
+Every mode the session runs is a product of 1-D filters, so a resize is one pass per resized axis: each
+output position along the axis reads `taps` input positions (clamped to the edge, as ONNX pads) with
+weights. The taps are small host arrays worked out from the input shape and the scales, sizes and roi
+(`axis_taps`, cached); NumPy here and PyTorch in gpu.py apply the same taps. Source coordinates follow
+onnxruntime's float32 formulas; where one lands exactly halfway between two pixels (a nearest-neighbour
+tie), float rounding decides, as it does in onnxruntime and in the ONNX reference, each in its own way.
+
+Declined, with an UnsupportedModelError naming the node and the attribute: `antialias=1`, and attribute
+values no opset defines.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import ArgumentError, ShapeError
+from ..graph.ir import Node
+from .errors import UnsupportedModelError
+
+MODES = ("nearest", "linear", "cubic")
+COORDINATES = (
+    "half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners", "asymmetric",
+    "tf_crop_and_resize", "tf_half_pixel_for_nn",
+)  # fmt: skip
+NEAREST = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
+POLICIES = ("stretch", "not_larger", "not_smaller")
+LEGACY = "legacy"  # Upsample and Resize-10: floor when upsampling, ceil when downsampling (as onnxruntime)
+
+
+@dataclass(frozen=True)
+class ResizeSpec:
+    """A Resize or Upsample node's attributes, checked once when the model is loaded."""
+
+    mode: str = "nearest"
+    coordinates: str = "half_pixel"
+    nearest: str = "round_prefer_floor"
+    cubic_a: float = -0.75
+    exclude_outside: bool = False
+    extrapolation: float = 0.0
+    axes: tuple[int, ...] | None = None
+    policy: str = "stretch"
+    legacy_inputs: bool = False  # (X, scales) only: Upsample-9/10 and Resize-10
+
+
+@dataclass(frozen=True)
+class AxisTaps:
+    """One resized axis: output i reads index[i, :] weighted by weight[i, :] (None: one tap, a copy);
+    `outside[i]` marks tf_crop_and_resize positions that take the extrapolation value."""
+
+    axis: int
+    index: np.ndarray
+    weight: np.ndarray | None
+    outside: np.ndarray | None
+
+
+def resize_spec(node: Node, opset: int) -> ResizeSpec:
+    """The node's ResizeSpec; UnsupportedModelError naming the node and attribute for what is declined."""
+    at = node.attrs
+    if node.op == "Upsample" or opset < 11:  # Upsample-1 (bilinear) is renamed by legacy.py
+        mode = _choice(node, "mode", at.get("mode", "nearest"), ("nearest", "linear"))
+        return ResizeSpec(mode, "asymmetric", LEGACY, legacy_inputs=True)
+    if at.get("antialias", 0):
+        raise UnsupportedModelError(
+            f"{node.describe()}: attribute antialias={at['antialias']} is not supported; the session resizes "
+            "without an antialiasing filter (antialias=0, the default)"
+        )
+    coordinates = COORDINATES if opset < 13 else COORDINATES[:-1]  # tf_half_pixel_for_nn: Resize-11 only
+    axes = at.get("axes")
+    return ResizeSpec(
+        mode=_choice(node, "mode", at.get("mode", "nearest"), MODES),
+        coordinates=_choice(node, "coordinate_transformation_mode", at.get("coordinate_transformation_mode",
+                                                                             "half_pixel"), coordinates),
+        nearest=_choice(node, "nearest_mode", at.get("nearest_mode", "round_prefer_floor"), NEAREST),
+        cubic_a=float(at.get("cubic_coeff_a", -0.75)),
+        exclude_outside=bool(at.get("exclude_outside", 0)),
+        extrapolation=float(at.get("extrapolation_value", 0.0)),
+        axes=None if axes is None else tuple(int(a) for a in axes),
+        policy=_choice(node, "keep_aspect_ratio_policy", at.get("keep_aspect_ratio_policy", "stretch"), POLICIES),
+    )  # fmt: skip
+
+
+def _choice(node: Node, name: str, value: Any, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        raise UnsupportedModelError(
+            f"{node.describe()}: attribute {name}={value!r} is not supported; supported: {', '.join(allowed)}"
+        )
+    return value
+
+
+# -- output sizes and scales -------------------------------------------------------------------------------
+def _floats(x: Any) -> tuple[float, ...] | None:
+    """An optional input as floats; None when it is left out or empty (Resize-11 passes empty tensors)."""
+    if x is None or np.size(x) == 0:
+        return None
+    return tuple(float(v) for v in np.asarray(x, np.float32).reshape(-1))
+
+
+def _ints(x: Any) -> tuple[int, ...] | None:
+    if x is None or np.size(x) == 0:
+        return None
+    return tuple(int(v) for v in np.asarray(x).reshape(-1))
+
+
+def split_inputs(spec: ResizeSpec, rest: tuple) -> tuple[Any, Any, Any]:
+    """(roi, scales, sizes) from the node's inputs after X (Upsample and Resize-10 take scales only)."""
+    if spec.legacy_inputs:
+        return None, (rest[0] if rest else None), None
+    roi, scales, sizes = (*rest, None, None, None)[:3]
+    return roi, scales, sizes
+
+
+def taps_key(shape: tuple[int, ...], roi: Any, scales: Any, sizes: Any) -> tuple:
+    """What the taps depend on besides the spec, as hashable host values."""
+    return tuple(shape), _floats(roi), _floats(scales), _ints(sizes)
+
+
+def axis_taps(spec: ResizeSpec, key: tuple) -> tuple[tuple[int, ...], tuple[AxisTaps, ...]]:
+    """The output shape and the taps of every axis that changes (host arrays, cached; see taps_key)."""
+    return _cached_taps(spec, *key)
+
+
+def outside_mask(taps: tuple[AxisTaps, ...], ndim: int) -> np.ndarray | None:
+    """Where tf_crop_and_resize extrapolates, broadcastable to the output; None when nowhere."""
+    mask = None
+    for tap in taps:
+        if tap.outside is not None:
+            along = tap.outside.reshape((-1,) + (1,) * (ndim - tap.axis - 1))
+            mask = along if mask is None else mask | along
+    return mask
+
+
+@functools.lru_cache(maxsize=256)
+def _cached_taps(
+    spec: ResizeSpec, shape: tuple[int, ...], roi: tuple | None, scales: tuple | None, sizes: tuple | None
+) -> tuple[tuple[int, ...], tuple[AxisTaps, ...]]:
+    rank = len(shape)
+    axes = _axes(spec, rank)
+    if (scales is None) == (sizes is None):
+        which = "both" if scales is not None else "neither"
+        raise ArgumentError(f"Resize: expects exactly one of 'scales' and 'sizes' (non-empty), got {which}")
+    given = scales if scales is not None else sizes
+    if len(given) != len(axes):
+        what = "scales" if scales is not None else "sizes"
+        raise ShapeError(f"Resize: {what} has {len(given)} values for {len(axes)} axes of an input of shape {shape}")
+    if spec.coordinates == "tf_crop_and_resize" and (roi is None or len(roi) != 2 * len(axes)):
+        raise ShapeError(f"Resize: tf_crop_and_resize needs an roi of {2 * len(axes)} values, got {roi}")
+    out_sizes, axis_scales = _sizes_and_scales(spec, shape, axes, scales, sizes)
+    out_shape = list(shape)
+    taps = []
+    for i, axis in enumerate(axes):
+        out_shape[axis] = out_sizes[i]
+        bounds = (roi[i], roi[len(axes) + i]) if spec.coordinates == "tf_crop_and_resize" else (0.0, 1.0)
+        if axis_scales[i] == 1 and out_sizes[i] == shape[axis] and bounds == (0.0, 1.0):
+            continue  # an axis left as it is, whatever the coordinate mode says (as onnxruntime)
+        tap = _one_axis(spec, axis, shape[axis], out_sizes[i], axis_scales[i], bounds)
+        if tap is not None:
+            taps.append(tap)
+    return tuple(out_shape), tuple(taps)
+
+
+def _axes(spec: ResizeSpec, rank: int) -> list[int]:
+    if spec.axes is None:
+        return list(range(rank))
+    if any(not -rank <= a < rank for a in spec.axes):
+        raise ShapeError(f"Resize: axes {list(spec.axes)} out of range for a rank-{rank} input")
+    axes = [a % rank for a in spec.axes]
+    if len(set(axes)) != len(axes):
+        raise ArgumentError(f"Resize: repeated axes {list(spec.axes)}")
+    return axes
+
+
+def _sizes_and_scales(
+    spec: ResizeSpec, shape: tuple[int, ...], axes: list[int], scales: tuple | None, sizes: tuple | None
+) -> tuple[list[int], list[np.float32]]:
+    """Output sizes and the scales the coordinates use, in float32 as onnxruntime computes them."""
+    dims = [np.float32(shape[a]) for a in axes]
+    if scales is not None:
+        if any(s <= 0 for s in scales):
+            raise ArgumentError(f"Resize: scales must be positive, got {list(scales)}")
+        factors = [np.float32(s) for s in scales]
+        return [int(np.float32(s * d)) for s, d in zip(factors, dims)], factors
+    if any(s < 0 for s in sizes):
+        raise ArgumentError(f"Resize: sizes must not be negative, got {list(sizes)}")
+    if spec.policy == "stretch":
+        return list(sizes), [np.float32(s) / d if d else np.float32(1) for s, d in zip(sizes, dims)]
+    ratios = [np.float32(s) / d for s, d in zip(sizes, dims)]
+    common = min(ratios) if spec.policy == "not_larger" else max(ratios)
+    return [math.floor(common * d + 0.5) for d in dims], [common] * len(axes)
+
+
+# -- one axis -----------------------------------------------------------------------------------------------
+def _coordinates(spec: ResizeSpec, n_in: int, n_out: int, scale: np.float32, roi: tuple) -> np.ndarray:
+    """x_original for every output position of an axis (float32, onnxruntime's formulas)."""
+    x = np.arange(n_out, dtype=np.float32)
+    mode = spec.coordinates
+    if mode == "asymmetric":
+        return x / scale
+    if mode == "tf_half_pixel_for_nn":
+        return (x + 0.5) / scale
+    if mode == "half_pixel":
+        return (x + 0.5) / scale - 0.5
+    if mode == "pytorch_half_pixel":
+        return (x + 0.5) / scale - 0.5 if n_out > 1 else np.zeros_like(x)
+    if mode == "half_pixel_symmetric":
+        adjustment = np.float32(n_out) / (scale * np.float32(n_in))
+        offset = np.float32(n_in) / 2 * (1 - adjustment)
+        return offset + (x + 0.5) / scale - 0.5
+    if mode == "align_corners":
+        return x * np.float32(n_in - 1) / np.float32(n_out - 1) if n_out > 1 else np.zeros_like(x)
+    start, end = np.float32(roi[0]), np.float32(roi[1])  # tf_crop_and_resize
+    if n_out == 1:
+        return np.full(1, 0.5 * (start + end) * (n_in - 1), np.float32)
+    return start * np.float32(n_in - 1) + x * (end - start) * np.float32(n_in - 1) / np.float32(n_out - 1)
+
+
+def _nearest(spec: ResizeSpec, x: np.ndarray, scale: np.float32) -> np.ndarray:
+    rule = spec.nearest
+    if rule == LEGACY:
+        rule = "ceil" if scale < 1 else "floor"
+    if rule == "round_prefer_floor":
+        return np.ceil(x - 0.5)
+    if rule == "round_prefer_ceil":
+        return np.floor(x + 0.5)
+    return np.floor(x) if rule == "floor" else np.ceil(x)
+
+
+def _cubic(distance: np.ndarray, a: float) -> np.ndarray:
+    """Keys' cubic convolution kernel with coefficient `a`."""
+    d = np.abs(distance)
+    near = ((a + 2) * d - (a + 3)) * d * d + 1
+    far = ((a * d - 5 * a) * d + 8 * a) * d - 4 * a
+    return np.where(d <= 1, near, np.where(d < 2, far, 0.0))
+
+
+def _one_axis(spec: ResizeSpec, axis: int, n_in: int, n_out: int, scale: np.float32, roi: tuple) -> AxisTaps | None:
+    """The taps of one axis; None when the axis comes out as it went in."""
+    if n_out and not n_in:
+        raise ShapeError(f"Resize: cannot resize an empty axis {axis} to {n_out}")
+    x = _coordinates(spec, n_in, n_out, scale, roi)
+    outside = None
+    if spec.coordinates == "tf_crop_and_resize":
+        outside = (x < 0) | (x > n_in - 1)
+        outside = outside if outside.any() else None
+    if spec.mode == "nearest":
+        index, weight = _nearest(spec, x, scale).astype(np.int64)[:, None], None
+    else:
+        base = np.floor(x)
+        ratio = (x - base).astype(np.float64)[:, None]
+        if spec.mode == "linear":
+            offsets, weight = np.arange(2), np.concatenate([1 - ratio, ratio], axis=1)
+        else:
+            offsets = np.arange(-1, 3)
+            weight = _cubic(offsets[None, :] - ratio, spec.cubic_a)
+        index = base.astype(np.int64)[:, None] + offsets[None, :]
+        if spec.exclude_outside and spec.mode == "cubic":
+            weight = np.where((index < 0) | (index >= n_in), 0.0, weight)
+            total = weight.sum(axis=1, keepdims=True)
+            weight = weight / np.where(total == 0, 1.0, total)
+    index = np.clip(index, 0, max(n_in - 1, 0))
+    if outside is None and n_out == n_in and _is_identity(index, weight):
+        return None
+    return AxisTaps(axis, index, weight, outside)
+
+
+def _is_identity(index: np.ndarray, weight: np.ndarray | None) -> bool:
+    rows = np.arange(index.shape[0])[:, None]
+    if weight is None:
+        return bool(np.array_equal(index[:, 0], rows[:, 0]))
+    return bool(np.all(np.where(index == rows, weight, 0.0).sum(axis=1) == 1) and np.all(np.abs(weight).sum(1) == 1))
+
+
+# -- NumPy ----------------------------------------------------------------------------------------------------
+def compute_dtype(dtype: np.dtype) -> np.dtype:
+    """Interpolation runs in float32 (float16 and float32 data) or float64 (float64 and integers)."""
+    return np.dtype(np.float32 if dtype.kind == "f" and dtype.itemsize <= 4 else np.float64)
+
+
+def resize(spec: ResizeSpec, x: np.ndarray, *rest: Any) -> np.ndarray:
+    """Resize `x`; `rest` is the node's other inputs (the op map's Resize and Upsample)."""
+    _, taps = axis_taps(spec, taps_key(x.shape, *split_inputs(spec, rest)))
+    y = x if spec.mode == "nearest" else x.astype(compute_dtype(x.dtype))
+    for tap in taps:
+        y = _apply(y, tap)
+    mask = outside_mask(taps, y.ndim)
+    if mask is not None:
+        y = np.where(mask, np.asarray(spec.extrapolation).astype(y.dtype), y)
+    return _to_dtype(y, x.dtype)
+
+
+def _apply(y: np.ndarray, tap: AxisTaps) -> np.ndarray:
+    if tap.weight is None:
+        return np.take(y, tap.index[:, 0], axis=tap.axis)
+    along = (-1,) + (1,) * (y.ndim - tap.axis - 1)
+    total = None
+    for j in range(tap.index.shape[1]):
+        term = np.take(y, tap.index[:, j], axis=tap.axis) * tap.weight[:, j].astype(y.dtype).reshape(along)
+        total = term if total is None else np.add(total, term, out=total)
+    return total
+
+
+def _to_dtype(y: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """Back to the input's dtype: integers round half to even and saturate (as the ONNX reference)."""
+    if y.dtype == dtype:
+        return y
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        return np.clip(np.rint(y), info.min, info.max).astype(dtype)
+    return y.astype(dtype)
