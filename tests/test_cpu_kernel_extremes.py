@@ -83,3 +83,18 @@ def test_attention_with_a_scale_that_overflows_float32_scores(op, kernel):
     ref = attention_reference(q, k, v, scale=scale)
     assert np.isfinite(got).all(), got
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning")  # NumPy says so for the 0/0 row
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, ">f8"])
+def test_layer_norm_adds_eps_in_the_accumulation_dtype(dtype):
+    """An eps below float32's smallest subnormal is 0 for float32 inputs (as in PyTorch): a constant row is
+    then 0/0 in the kernel and in the reference alike; float64 inputs (either byte order) keep it."""
+    x = np.array([[0.25], [-1.5]], dtype)
+    got = xrt.ops.layer_norm(x, (1,), eps=5e-324)
+    want = xrt.default_dispatcher().registry.op("layer_norm").reference(x, (1,), None, None, 5e-324)
+    if np.dtype(dtype).type is np.float64:
+        np.testing.assert_array_equal(want, 0.0)
+        np.testing.assert_array_equal(got, 0.0)
+    else:
+        assert np.isnan(want).all() and np.isnan(got).all()

@@ -79,10 +79,17 @@ def _axes(x: np.ndarray, normalized_shape: Any) -> tuple[int, ...]:
     return tuple(range(x.ndim - count, x.ndim))
 
 
+def eps_as_added(x: Any, eps: float) -> float:
+    """eps as the kernels add it: in the accumulation dtype, float32 below float64 (as PyTorch), where an
+    eps under float32's smallest subnormal is 0."""
+    return float(eps) if np.asarray(x).dtype.type is np.float64 else float(np.float32(eps))
+
+
 def layer_norm_reference(
     x: Any, normalized_shape: Any, weight: Any = None, bias: Any = None, eps: float = 1e-5
 ) -> np.ndarray:
     """float64 reference (biased variance, as PyTorch)."""
+    eps = eps_as_added(x, eps)
     x = np.asarray(x, np.float64)
     axes = _axes(x, normalized_shape)
     centered = x - x.mean(axis=axes, keepdims=True)
@@ -97,7 +104,7 @@ def layer_norm_reference(
 def rms_norm_reference(x: Any, normalized_shape: Any, weight: Any = None, eps: float | None = None) -> np.ndarray:
     """float64 reference; eps=None means the input dtype's machine epsilon, as PyTorch."""
     x_in = np.asarray(x)
-    eps = MACHINE_EPSILON[x_in.dtype.name] if eps is None else eps
+    eps = eps_as_added(x_in, MACHINE_EPSILON[x_in.dtype.name] if eps is None else eps)
     x = x_in.astype(np.float64)
     y = x / np.sqrt((x**2).mean(axis=_axes(x, normalized_shape), keepdims=True) + eps)
     return y if weight is None else y * np.asarray(weight, np.float64)

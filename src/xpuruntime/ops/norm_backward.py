@@ -18,7 +18,7 @@ from ..dispatch import run
 from ..errors import ShapeError, argument_error
 from ..schema import OpSchema
 from .checks import numel, require_dtype_like
-from .norm import MACHINE_EPSILON, _eps, _infer_dtype, _normalized_shape
+from .norm import MACHINE_EPSILON, _eps, _infer_dtype, _normalized_shape, eps_as_added
 
 
 def _check_dy(ctx: DispatchContext) -> None:
@@ -59,6 +59,7 @@ def layer_norm_backward_reference(
     dy: Any, x: Any, normalized_shape: Any, weight: Any = None, eps: float = 1e-5
 ) -> np.ndarray:
     """float64 reference, packed as [dx rows; dweight; dbias]."""
+    eps = eps_as_added(x, eps)
     x2, _ = _rows(x, normalized_shape)
     dy2, _ = _rows(dy, normalized_shape)
     w = 1.0 if weight is None else np.asarray(weight, np.float64).reshape(-1)
@@ -74,7 +75,7 @@ def rms_norm_backward_reference(
     dy: Any, x: Any, normalized_shape: Any, weight: Any = None, eps: float | None = None
 ) -> np.ndarray:
     """float64 reference, packed as [dx rows; dweight]; eps=None: the dtype's machine epsilon."""
-    eps = MACHINE_EPSILON[np.asarray(x).dtype.name] if eps is None else eps
+    eps = eps_as_added(x, MACHINE_EPSILON[np.asarray(x).dtype.name] if eps is None else eps)
     x2, _ = _rows(x, normalized_shape)
     dy2, _ = _rows(dy, normalized_shape)
     w = 1.0 if weight is None else np.asarray(weight, np.float64).reshape(-1)
