@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import sys
 import threading
 import warnings
 
@@ -307,3 +308,50 @@ def test_linear_with_bias_through_pytorch_linear_kernel_is_learned(cpu_routing):
         rtol=1e-5,
         atol=1e-5,
     )
+
+
+def test_autotune_hands_back_a_matmul_family_that_the_native_routes_serve(cpu_routing, monkeypatch):
+    """Every signature tuned to PyTorch's kernel runs from C++ once learned; those calls count toward the
+    quiet rule, so the family is handed back and its overrides removed (no per-call cost is left)."""
+    fake_timings(monkeypatch).update(test_mm=5.0, torch=5.0 + handback.ROUTING_COST_US["matmul"] / 2)
+    xtorch.set_kernel_policy(xrt.KernelPolicy({"matmul": "autotune"}, validate=cpu_routing))
+    torch.manual_seed(0)
+    x, w1, w2 = torch.randn(5, 7), torch.randn(7, 6, requires_grad=True), torch.randn(6, 3, requires_grad=True)
+    for _ in range(40):
+        ((x @ w1) @ w2).square().sum().backward()
+        if "matmul" in xtorch.handed_back():
+            break
+    assert _stats()["native_calls"] > 0
+    assert "matmul" in xtorch.handed_back() and "matmul" not in xtorch.installed_overrides()
+    native = _stats()["native_calls"]
+    ((x @ w1) @ w2).square().sum().backward()
+    assert _stats()["native_calls"] == native  # PyTorch's own dispatch now: no override left
+
+
+def test_native_call_reports_come_in_batches_and_a_failing_listener_never_breaks_a_call(cpu_routing):
+    a, b = torch.randn(4, 6), torch.randn(6, 5)
+    expected = (a.double() @ b.double()).float()
+    xtorch.set_kernel_policy(xrt.KernelPolicy({"matmul": "torch"}, validate=cpu_routing))
+    heard, unraisable = [], []
+
+    def listener(calls):
+        heard.append(calls)
+        raise RuntimeError("listener failed")
+
+    with pytest.raises(TypeError, match="callable or None"):
+        native_routes.report_native_calls(3, 4)
+    old_hook = sys.unraisablehook
+    sys.unraisablehook = unraisable.append
+    try:
+        native_routes.report_native_calls(listener, 4)
+        _calls(1, a, b)  # learned: the rest are native
+        outs = _calls(12, a, b)
+    finally:
+        native_routes.report_native_calls(None)
+        sys.unraisablehook = old_hook
+    assert heard and set(heard) == {4} and len(heard) == len(unraisable)
+    assert all("listener failed" in str(u.exc_value) for u in unraisable)
+    for out in outs:
+        torch.testing.assert_close(out, expected)
+    _calls(8, a, b)
+    assert len(heard) == len(unraisable)  # stopped

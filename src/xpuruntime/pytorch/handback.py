@@ -13,9 +13,8 @@ an override is running), so the family costs nothing again. Signatures first see
 PyTorch's kernels. An op without a PyTorch candidate (e.g. layer_norm_backward) has no say; a family
 where nothing could be compared keeps routing. Explicit kernel names are never handed back, and calls
 made through `xrt.ops` directly keep the fastest kernel (routed calls dispatch under a twin of the policy,
-`routed_view`, so the two never share a plan). The native matrix-product routes serve a signature that
-runs PyTorch's kernel from C++ without counting its calls here, so the matmul family is then usually not
-handed back: it stays installed at about a microsecond per call (BENCHMARKS.md, override cost).
+`routed_view`, so the two never share a plan). Calls that the native matrix-product routes serve from
+C++ (signatures already tuned to PyTorch's kernel) count too: the extension reports them in batches.
 """
 
 from __future__ import annotations
@@ -37,6 +36,7 @@ log = logging.getLogger("xpuruntime.pytorch")
 ROUTING_COST_US = {"matmul": 40.0, "attention": 250.0, "layer_norm": 200.0, "rms_norm": 200.0}
 TIMING_NOISE = 0.03  # a gain within 3 % of PyTorch's time is not trusted (single-launch event timings)
 QUIET_CALLS = 32  # routed calls of a family without a new signature before it may be handed back
+NATIVE_FAMILY = "matmul"  # the family whose calls the native (C++) routes serve: mm, bmm, addmm
 
 
 @dataclass
@@ -109,6 +109,8 @@ def on_tuned(op: str, key: str, times: dict[str, float], backends: dict[str, str
     if family is None or type(policy) is not _Routed:
         return None
     route, why = verdict(op, times, backends, ROUTING_COST_US.get(family, 0.0))
+    if family == NATIVE_FAMILY:
+        _count_native_calls()
     with _lock:
         state = _states.setdefault((steering(current_policy()), family), _Family())
         if key not in state.verdicts:
@@ -137,21 +139,32 @@ def verdict(op: str, times: dict[str, float], backends: dict[str, str], cost_us:
     return False, f"{op}: {best} gains {gain:.1f} us over PyTorch, under the routing cost {cost_us:.0f} us"
 
 
-def note_call(op: str) -> None:
-    """Count a routed call of `op`; hand its family back when every verdict says PyTorch and no new
+def note_call(op: str, calls: int = 1) -> None:
+    """Count routed calls of `op`; hand its family back when every verdict says PyTorch and no new
     signature came for QUIET_CALLS calls (checked inside a backward pass: its end is a safe point)."""
     family = _FAMILY_OF.get(op)
     steers = steering(current_policy())
     state = _states.get((steers, family)) if family else None
     if state is None or state.returned:
         return
-    state.quiet += 1
+    state.quiet += calls
     if state.quiet < max(QUIET_CALLS, 4 * len(state.verdicts)) or not _inside_backward():
         return
     routes = {route for route, _ in state.verdicts.values()}
     if True in routes or False not in routes:  # some signature gains, or nothing was compared
         return
     _hand_back(steers, family, state)
+
+
+def _count_native_calls() -> None:
+    """Have the native routes report the calls they serve (all are NATIVE_FAMILY's), in batches."""
+    from . import native_routes
+
+    native_routes.report_native_calls(_native_calls, QUIET_CALLS // 4)
+
+
+def _native_calls(calls: int) -> None:
+    note_call(NATIVE_FAMILY, calls)
 
 
 def _inside_backward() -> bool:
@@ -193,13 +206,14 @@ def watching() -> bool:
 
 def reset() -> None:
     """Forget every verdict and hand-back (e.g. after kernels were registered); overrides follow."""
-    from . import overrides, routing
+    from . import native_routes, overrides, routing
 
     with _lock:
         _states.clear()
         RETURNED.clear()
         _reasons.clear()
         routing.forget_routed()
+    native_routes.report_native_calls(None)
     overrides.refresh_overrides()
 
 

@@ -5,7 +5,10 @@
 // to the Python route (the op xpuruntime_native::route_<name>, implemented in native_routes.py), which
 // tells this table what it decided. Python clears the table (a new epoch) whenever a decision could
 // change: the process policy, the registry, the dispatch observers, the installed overrides. Decisions are
-// kept per policy: the process one, or the scoped policy open on the calling thread.
+// kept per policy: the process one, or the scoped policy open on the calling thread. Every
+// `report_every` native calls, a Python callback hears of them (autotune's hand-back counts quiet calls).
+
+#include <Python.h>
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/addmm.h>
@@ -15,6 +18,7 @@
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <initializer_list>
@@ -101,6 +105,32 @@ Decisions& decisions() {
   return table;
 }
 
+// Who hears of native calls, and how often (0: nobody); set by `report_native_calls`.
+struct Reporter {
+  PyObject* callback = nullptr;  // read and written with the GIL held
+  std::atomic<int64_t> every{0};
+};
+Reporter reporter;
+
+// callback(calls), with the GIL; an error in it is reported as unraisable, never raised into the aten call
+void report(int64_t calls) {
+  PyGILState_STATE gil = PyGILState_Ensure();
+  if (reporter.callback != nullptr) {
+    PyObject* callback = Py_NewRef(reporter.callback);
+    PyObject* result = PyObject_CallFunction(callback, "L", static_cast<long long>(calls));
+    if (result == nullptr) PyErr_WriteUnraisable(callback);
+    Py_XDECREF(result);
+    Py_DECREF(callback);
+  }
+  PyGILState_Release(gil);
+}
+
+void count_native_call() {
+  const int64_t calls = decisions().native_calls.fetch_add(1, std::memory_order_relaxed) + 1;
+  const int64_t every = reporter.every.load(std::memory_order_relaxed);
+  if (every > 0 && calls % every == 0) report(every);
+}
+
 // The scoped policies open on this thread, innermost last, as tokens from Python: a token keys the
 // decisions learned under that policy (0: the process policy).
 thread_local std::vector<int64_t> scope_tokens;
@@ -115,7 +145,7 @@ int64_t lookup(const Key& key, bool* native) {
   int64_t epoch = -1;
   int found = table.find(key, &epoch);
   if (found == 1) {
-    table.native_calls.fetch_add(1, std::memory_order_relaxed);
+    count_native_call();
     *native = true;
   }
   return found == -1 ? epoch : -1;
@@ -241,6 +271,22 @@ std::vector<int64_t> stats() {
 }
 
 }  // namespace
+
+// report_native_calls(callback or None, every): callback(every) after each `every` native calls. A Python
+// function of the extension's module (runtime/hot_path.cpp lists it), since an aten op cannot take a callable.
+PyObject* report_native_calls(PyObject* /*module*/, PyObject* args) {
+  PyObject* callback;
+  long long every;
+  if (!PyArg_ParseTuple(args, "OL", &callback, &every)) return nullptr;
+  if (callback != Py_None && !PyCallable_Check(callback)) {
+    PyErr_SetString(PyExc_TypeError, "report_native_calls: callback must be callable or None");
+    return nullptr;
+  }
+  reporter.every.store(0);  // nobody is told while the callback changes
+  Py_XSETREF(reporter.callback, callback == Py_None ? nullptr : Py_NewRef(callback));
+  reporter.every.store(reporter.callback == nullptr ? 0 : std::max<long long>(every, 1));
+  Py_RETURN_NONE;
+}
 
 TORCH_LIBRARY(xpuruntime_native, m) {
   // implemented in Python (native_routes.py): epoch >= 0 asks the route to report what it decided

@@ -174,6 +174,13 @@ def scope_exited() -> None:
         _ext.ops.exit_scope()
 
 
+def report_native_calls(callback: Callable[[int], None] | None, every: int = 32) -> None:
+    """Call callback(every) after each `every` calls the native routes serve (None: stop); no-op where the
+    extension is not loaded. Autotune's hand-back counts these calls, which never reach Python."""
+    if _ext.ops is not None:
+        extension.load().report_native_calls(callback, every)
+
+
 def stats() -> dict[str, int]:
     """Native calls, Python-routed calls, learned signatures, the epoch and whether the fast path is on."""
     if _ext.ops is None:

@@ -356,6 +356,12 @@ PyObject* use_python(PyObject* /*module*/, PyObject* args) {
   Py_RETURN_NONE;
 }
 
+}  // namespace
+
+PyObject* report_native_calls(PyObject* module, PyObject* args);  // pytorch/native_routes.cpp
+
+namespace {
+
 PyMethodDef methods[] = {
     {"cuda_tensor_key", cuda_tensor_key, METH_O,
      "(dtype, shape, True or strides, device index, 16-byte aligned?) of a tensor"},
@@ -365,6 +371,8 @@ PyMethodDef methods[] = {
      "use_python(ndarray, signature, attr_types, python_plan_key): what the key needs from Python"},
     {"plan_hit", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(plan_hit)), METH_FASTCALL,
      "Dispatcher.run's plan-cache hit for a call without out=: the output, or NOT_HIT"},
+    {"report_native_calls", report_native_calls, METH_VARARGS,
+     "report_native_calls(callback or None, every): callback(every) after each `every` native aten calls"},
     {"use_dispatcher", use_dispatcher, METH_VARARGS,
      "use_dispatcher(NOT_HIT, NotAnArray, ArgPack, launch_error, returned_output): what the hit path needs"},
 };
