@@ -83,3 +83,5 @@ def test_claimed_ops_all_have_node_tests() -> None:
     assert {"MatMul", "Softmax", "LayerNormalization", "Gather", "Slice", "Reshape", "Erf", "Where"} <= ops
     assert {"Resize", "Upsample", "Pad", "TopK", "Dropout", "PRelu"} <= ops
     assert all(name in {c.name for c in CLAIMED} for name in KNOWN)  # every documented mismatch still runs
+    antialias = [c.name for c in CASES if "antialias" in c.name]  # Resize-18's antialias=1, linear and cubic
+    assert antialias and all(name in {c.name for c in CLAIMED} for name in antialias)

@@ -364,9 +364,9 @@ def test_resize_through_the_torch_path(torch_session, rng) -> None:
     same(torch_run(torch_session, model, ints), ours(model, ints), atol=0)
 
 
-def test_resize_declines_antialias_and_unknown_attribute_values() -> None:
+def test_resize_declines_unknown_attribute_values() -> None:
     cases = [
-        ({"mode": "linear", "antialias": 1}, 18, "antialias=1.*without an antialiasing filter"),
+        ({"mode": "linear", "antialias": 2}, 18, "antialias=2 is not supported; supported: 0, 1"),
         ({"mode": "bicubic"}, 13, "mode='bicubic'.*supported: nearest, linear, cubic"),
         ({"coordinate_transformation_mode": "tf_half_pixel_for_nn"}, 13, "coordinate_transformation_mode="),
         ({"mode": "nearest", "nearest_mode": "round"}, 13, "nearest_mode='round'.*round_prefer_floor"),
@@ -379,6 +379,191 @@ def test_resize_declines_antialias_and_unknown_attribute_values() -> None:
         model = make([node], [vi("x", [1, 1, 2, 2])], [vi("y", None)], {"scales": np.ones(4, np.float32)}, opset)
         with pytest.raises(UnsupportedModelError, match=f"node 'up' \\(Resize\\): attribute {message}"):
             InferenceSession(model.SerializeToString())
+
+
+# -- Resize with antialias (Resize-18, 19) ---------------------------------------------------------------------
+# onnxruntime and the ONNX reference agree on antialias: the filter is stretched by 1/scale on an axis that
+# shrinks, weights are the kernel of the scaled distance normalized to sum 1, and taps outside the input
+# take the edge value (exclude_outside=1: weight 0, renormalized). onnxruntime runs linear on 2-D to 5-D
+# inputs and cubic on 2-D and 4-D (two outer or outermost and innermost scales 1); elsewhere the
+# reference decides. Both decline antialias with mode nearest, which the spec leaves to linear and cubic:
+# the session runs it as nearest without.
+AA_SHAPE = [2, 3, 11, 13]
+AA_TARGETS = {  # down, mixed and whole-axis-to-one
+    "scales_down": {"scales": [1, 1, 0.6, 0.3]}, "scales_mixed": {"scales": [1, 1, 1.7, 0.45]},
+    "sizes_down": {"sizes": [2, 3, 4, 5]}, "sizes_to_one": {"sizes": [2, 3, 1, 2]},
+}  # fmt: skip
+AA_COORDINATES = [*COORDINATES, "half_pixel_symmetric"]
+
+
+def aa_model(attrs: dict, shape: list, opset: int = 19, **target) -> onnx.ModelProto:
+    """Resize with antialias=1 (Resize-18 and 19 define it)."""
+    return resize_model({"antialias": 1, **attrs}, shape, opset=opset, **target)
+
+
+@pytest.mark.parametrize("target", AA_TARGETS)
+@pytest.mark.parametrize("coordinates", AA_COORDINATES)
+@pytest.mark.parametrize(("mode", "exclude"), [("linear", 0), ("linear", 1), ("cubic", 0), ("cubic", 1)])
+def test_resize_antialias_matches_onnxruntime(mode: str, exclude: int, coordinates: str, target: str, rng) -> None:
+    """Odd 4-D sizes, every coordinate mode (tf_crop_and_resize extrapolating), shrinking and growing axes."""
+    attrs = {"mode": mode, "exclude_outside": exclude, "coordinate_transformation_mode": coordinates}
+    roi = ROI if coordinates == "tf_crop_and_resize" else None
+    model = aa_model({**attrs, "extrapolation_value": -7.5}, AA_SHAPE, roi=roi, **AA_TARGETS[target])
+    feed = {"x": randn(rng, *AA_SHAPE)}
+    same(ours(model, feed), onnxruntime(model, feed))
+
+
+@pytest.mark.parametrize("opset", [18, 19])
+def test_resize_antialias_2d_cubic_coefficient_and_channels_last(opset: int, rng) -> None:
+    """2-D inputs, cubic_coeff_a, and 4-D resized on the middle axes (N, H, W, C), against onnxruntime."""
+    flat = {"x": randn(rng, 11, 13)}
+    for mode in ("linear", "cubic"):
+        for a, exclude in ((-0.75, 0), (-0.5, 1), (-0.6, 0)):
+            attrs = {"mode": mode, "cubic_coeff_a": a, "exclude_outside": exclude}
+            for target in ({"scales": [0.45, 0.7]}, {"sizes": [4, 5]}, {"scales": [0.2, 1.6]}):
+                model = aa_model(attrs, [11, 13], opset, **target)
+                same(ours(model, flat), onnxruntime(model, flat))
+            model = aa_model(attrs, AA_SHAPE, opset, scales=[1, 0.4, 0.5, 1])
+            feed = {"x": randn(rng, *AA_SHAPE)}
+            same(ours(model, feed), onnxruntime(model, feed))
+
+
+@pytest.mark.parametrize("opset", [18, 19])
+def test_resize_antialias_axes_and_keep_aspect_ratio_policy(opset: int, rng) -> None:
+    feed = {"x": randn(rng, *AA_SHAPE)}
+    for mode in ("linear", "cubic"):
+        for policy in ("stretch", "not_larger", "not_smaller"):
+            for axes, sizes in (([2, 3], [5, 9]), ([3, 2], [5, 3]), ([2, 3], [4, 17])):
+                attrs = {"mode": mode, "axes": axes, "keep_aspect_ratio_policy": policy, "exclude_outside": 1}
+                model = aa_model(attrs, AA_SHAPE, opset, sizes=sizes)
+                same(ours(model, feed), onnxruntime(model, feed))
+                # negative axes: onnxruntime leaves them out of the aspect-ratio policy; they name the same axes
+                negative = aa_model({**attrs, "axes": [a - 4 for a in axes]}, AA_SHAPE, opset, sizes=sizes)
+                same(ours(negative, feed), onnxruntime(model, feed))
+        model = aa_model({"mode": mode, "axes": [3, 2]}, AA_SHAPE, opset, scales=[0.3, 0.55])
+        same(ours(model, feed), onnxruntime(model, feed))
+    three = {"x": randn(rng, 5, 13, 11)}
+    model = aa_model({"mode": "linear", "axes": [1]}, [5, 13, 11], opset, scales=[0.4])
+    same(ours(model, three), onnxruntime(model, three))
+
+
+def test_resize_antialias_where_onnxruntime_declines_matches_the_reference(rng) -> None:
+    """Cubic on 1-D, 3-D and 5-D inputs, and axes onnxruntime's cubic does not take, against the ONNX
+    reference. (It differs from onnxruntime, and from the spec, in align_corners and tf_crop_and_resize
+    with a scale that makes a fractional output length: it divides by scale * length - 1 where the spec
+    says length_resized - 1; onnxruntime follows the spec there, and so does the session. And where an
+    x_original lies an ulp below a whole number, as half_pixel_symmetric's can, the reference's window
+    slips one tap left of its weights, antialias or not: that mode is left to onnxruntime.)"""
+    cases = [
+        ([13], {"scales": [0.4]}), ([5, 13, 11], {"scales": [0.6, 0.5, 0.4]}), ([5, 13, 11], {"sizes": [2, 13, 17]}),
+        ([1, 2, 9, 7, 11], {"scales": [1, 1, 0.6, 1.5, 0.3]}),
+    ]  # fmt: skip
+    for shape, target in cases:
+        feed = {"x": randn(rng, *shape)}
+        for exclude in (0, 1):
+            for coordinates in ("half_pixel", "asymmetric", "pytorch_half_pixel"):
+                attrs = {"mode": "cubic", "exclude_outside": exclude, "coordinate_transformation_mode": coordinates}
+                model = aa_model(attrs, shape, **target)
+                same(ours(model, feed), reference(model, feed))
+    feed = {"x": randn(rng, 5, 13, 11)}
+    for mode in ("linear", "cubic"):
+        model = aa_model({"mode": mode, "axes": [0, 1]}, [5, 13, 11], sizes=[3, 4])
+        same(ours(model, feed), reference(model, feed))
+        crop = aa_model({"mode": mode, "coordinate_transformation_mode": "tf_crop_and_resize"}, [5, 13, 11],
+                        sizes=[2, 5, 3], roi=[0, 0.1, -0.2, 1, 0.8, 1.1])  # fmt: skip
+        same(ours(crop, feed), reference(crop, feed))
+
+
+def test_resize_antialias_low_passes_and_leaves_upsampling_alone(rng) -> None:
+    """Halving with antialias averages over (1, 3, 3, 1) / 8 (linear, half_pixel): a checkerboard at the
+    Nyquist frequency comes out flat inside. Axes that grow, and mode nearest, resize as without antialias."""
+    x = np.tile(np.array([1.0, -1.0], np.float32), 6)[None, None, None, :].repeat(3, axis=2)  # (1, 1, 3, 12)
+    got = ours(aa_model({"mode": "linear"}, [1, 1, 3, 12], scales=[1, 1, 1, 0.5]), {"x": x})[0]
+    padded = np.pad(x[0, 0, 0], 1, mode="edge")
+    want = np.array([padded[2 * i : 2 * i + 4] @ np.array([1, 3, 3, 1]) / 8 for i in range(6)], np.float32)
+    same([got[0, 0, 0]], [want], atol=1e-6)
+    assert np.all(np.abs(got[..., 1:-1]) < 1e-6) and np.all(got[..., 0] == 0.25) and np.all(got[..., -1] == -0.25)
+    feed = {"x": randn(rng, *AA_SHAPE)}
+    for mode, exclude in (("nearest", 0), ("linear", 0), ("linear", 1), ("cubic", 0), ("cubic", 1)):
+        for scales in ([1, 1, 1.7, 2.3], [1, 1, 1, 3.0], [1, 1, 0.6, 0.45]):
+            if mode != "nearest" and min(scales) < 1:
+                continue
+            attrs = {"mode": mode, "exclude_outside": exclude}
+            model, plain = aa_model(attrs, AA_SHAPE, scales=scales), resize_model(attrs, AA_SHAPE, scales=scales)
+            same(ours(model, feed), ours(plain, feed), atol=0, rtol=0)
+            same(ours(model, feed), onnxruntime(plain if mode == "nearest" else model, feed))
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_resize_antialias_of_integers_float16_and_fed_scales(level: str, rng) -> None:
+    """uint8 and int8 as the reference (interpolated, rounded half to even and saturated; onnxruntime
+    rounds its fixed-point uint8 sums, 1 away at most, and runs int8 through the same uint8 table, which
+    clips negative values to 0), float16 as onnxruntime; scales fed per run."""
+    u8 = {"x": rng.integers(0, 256, AA_SHAPE).astype(np.uint8)}
+    i8 = {"x": rng.integers(-128, 128, AA_SHAPE).astype(np.int8)}
+    for mode in ("linear", "cubic"):
+        for data, dtype in ((u8, U8), (i8, I8)):
+            model = aa_model({"mode": mode}, AA_SHAPE, scales=[1, 1, 0.6, 0.3], dtype=dtype)
+            same(ours(model, data, level), reference(model, data), atol=1, rtol=0)
+            if dtype == U8:
+                same(ours(model, data, level), onnxruntime(model, data), atol=1, rtol=0)
+        half = aa_model({"mode": mode}, AA_SHAPE, scales=[1, 1, 0.6, 0.3], dtype=H)
+        x16 = {"x": randn(rng, *AA_SHAPE, dtype=np.float16)}
+        same(ours(half, x16, level), onnxruntime(half, x16), atol=2e-3, rtol=2e-3)
+    model = aa_model({"mode": "cubic"}, AA_SHAPE, scales=[1, 1, 1, 1], fed=("scales",))
+    sess = InferenceSession(model.SerializeToString(), SessionOptions(graph_optimization_level=level))
+    x = randn(rng, *AA_SHAPE)
+    for scales in ([1, 1, 0.5, 0.25], [1, 1, 1.5, 0.7], [1, 1, 0.5, 0.25]):
+        feed = {"x": x, "scales": np.array(scales, np.float32)}
+        same(sess.run(None, feed), onnxruntime(model, feed))
+
+
+@given(
+    seed=seeds,
+    mode=st.sampled_from(["linear", "cubic"]),
+    exclude=st.booleans(),
+    coordinates=st.sampled_from([c for c in AA_COORDINATES if c != "tf_crop_and_resize"]),
+    dims=st.tuples(st.integers(1, 23), st.integers(1, 23)),
+    factors=st.tuples(*[st.sampled_from([0.1, 0.2, 0.25, 0.3, 0.45, 0.5, 0.6, 0.75, 0.9, 1.0, 1.5, 2.5])] * 2),
+    by_sizes=st.booleans(),
+)
+@PROPERTY
+def test_resize_antialias_property(seed, mode, exclude, coordinates, dims, factors, by_sizes) -> None:
+    """Random shapes and factors against onnxruntime; and, the weights summing to 1, a constant stays."""
+    rng = np.random.default_rng(seed)
+    sizes = [max(1, round(d * f)) for d, f in zip(dims, factors)]
+    if not by_sizes:
+        factors = tuple(f if int(np.float32(f) * d) else 1.0 for f, d in zip(factors, dims))  # no empty output
+    kept = sizes if by_sizes else [int(np.float32(f) * np.float32(d)) for d, f in zip(dims, factors)]
+    assume(list(kept) != list(dims) or set(factors) == {1.0})  # onnxruntime copies such inputs
+    target = {"sizes": [2, 3, *sizes]} if by_sizes else {"scales": [1, 1, *factors]}
+    attrs = {"mode": mode, "exclude_outside": int(exclude), "coordinate_transformation_mode": coordinates}
+    model = aa_model(attrs, [2, 3, *dims], **target)
+    feed = {"x": randn(rng, 2, 3, *dims)}
+    same(ours(model, feed), onnxruntime(model, feed), atol=1e-4)
+    flat = np.full((2, 3, *dims), rng.uniform(-5, 5), np.float32)
+    got = ours(model, {"x": flat})[0]
+    np.testing.assert_allclose(got, np.full_like(got, flat.flat[0]), rtol=1e-5)
+
+
+def test_resize_antialias_through_the_torch_path(torch_session, rng) -> None:
+    """The GPU path applies the same per-axis tables (PyTorch ops, here on CPU tensors)."""
+    feed = {"x": randn(rng, *AA_SHAPE)}
+    for mode in ("linear", "cubic"):
+        for exclude in (0, 1):
+            for coordinates in ("half_pixel", "align_corners", "tf_crop_and_resize"):
+                roi = ROI if coordinates == "tf_crop_and_resize" else None
+                attrs = {"mode": mode, "exclude_outside": exclude, "coordinate_transformation_mode": coordinates}
+                for target in AA_TARGETS.values():
+                    model = aa_model(attrs, AA_SHAPE, roi=roi, **target)
+                    same(torch_run(torch_session, model, feed), ours(model, feed))
+        flat = {"x": randn(rng, 11, 13)}
+        attrs = {"mode": mode, "axes": [1, 0], "keep_aspect_ratio_policy": "not_larger"}
+        model = aa_model(attrs, [11, 13], sizes=[6, 4])
+        same(torch_run(torch_session, model, flat), onnxruntime(model, flat))
+    ints = {"x": rng.integers(0, 256, AA_SHAPE).astype(np.uint8)}
+    model = aa_model({"mode": "cubic"}, AA_SHAPE, scales=[1, 1, 0.6, 0.3], dtype=U8)
+    same(torch_run(torch_session, model, ints), ours(model, ints), atol=0)
 
 
 # -- Upsample and Resize-10 -----------------------------------------------------------------------------------

@@ -50,16 +50,10 @@ class XrtBackend(Backend):
         return device.upper() in ("CPU", "CUDA")
 
 
-# (op, attribute) pairs whose non-zero values the session declines when loading a model
-DECLINED = frozenset({("Resize", "antialias")})
-
-
 def claims(model: onnx.ModelProto) -> bool:
-    """Whether every op, declined attribute aside, and tensor type of `model` is one the session claims."""
+    """Whether every op and tensor type of `model` is one the session claims."""
     for node in model.graph.node:
         if node.domain not in ("", "ai.onnx") or node.op_type not in SUPPORTED:
-            return False
-        if any((node.op_type, a.name) in DECLINED and a.i for a in node.attribute):
             return False
     for v in (*model.graph.input, *model.graph.output):
         if not v.type.HasField("tensor_type"):

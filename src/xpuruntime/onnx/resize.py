@@ -7,8 +7,11 @@ weights. The taps are small host arrays worked out from the input shape and the 
 onnxruntime's float32 formulas; where one lands exactly halfway between two pixels (a nearest-neighbour
 tie), float rounding decides, as it does in onnxruntime and in the ONNX reference, each in its own way.
 
-Declined, with an UnsupportedModelError naming the node and the attribute: `antialias=1`, and attribute
-values no opset defines.
+Resize-18's `antialias=1` stretches the linear and cubic filters of an axis that shrinks by 1/scale, so that
+they low-pass the input: an output reads every input within the stretched support, weighted by the kernel
+of the scaled distance and normalized to sum 1 (`_filter_taps`; nearest, and axes that grow, are as without).
+
+Declined, with an UnsupportedModelError naming the node and the attribute: attribute values no opset defines.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ class ResizeSpec:
     axes: tuple[int, ...] | None = None
     policy: str = "stretch"
     legacy_inputs: bool = False  # (X, scales) only: Upsample-9/10 and Resize-10
+    antialias: bool = False  # Resize-18: linear and cubic filters stretched when downsampling
 
 
 @dataclass(frozen=True)
@@ -66,11 +70,6 @@ def resize_spec(node: Node, opset: int) -> ResizeSpec:
     if node.op == "Upsample" or opset < 11:  # Upsample-1 (bilinear) is renamed by legacy.py
         mode = _choice(node, "mode", at.get("mode", "nearest"), ("nearest", "linear"))
         return ResizeSpec(mode, "asymmetric", LEGACY, legacy_inputs=True)
-    if at.get("antialias", 0):
-        raise UnsupportedModelError(
-            f"{node.describe()}: attribute antialias={at['antialias']} is not supported; the session resizes "
-            "without an antialiasing filter (antialias=0, the default)"
-        )
     coordinates = COORDINATES if opset < 13 else COORDINATES[:-1]  # tf_half_pixel_for_nn: Resize-11 only
     axes = at.get("axes")
     return ResizeSpec(
@@ -83,7 +82,18 @@ def resize_spec(node: Node, opset: int) -> ResizeSpec:
         extrapolation=float(at.get("extrapolation_value", 0.0)),
         axes=None if axes is None else tuple(int(a) for a in axes),
         policy=_choice(node, "keep_aspect_ratio_policy", at.get("keep_aspect_ratio_policy", "stretch"), POLICIES),
+        antialias=_antialias(node),
     )  # fmt: skip
+
+
+def _antialias(node: Node) -> bool:
+    """The antialias attribute (Resize-18; the importer refuses it at earlier opsets): 0 or 1."""
+    value = node.attrs.get("antialias", 0)
+    if value not in (0, 1):
+        raise UnsupportedModelError(
+            f"{node.describe()}: attribute antialias={value!r} is not supported; supported: 0, 1"
+        )
+    return bool(value)
 
 
 def _choice(node: Node, name: str, value: Any, allowed: tuple[str, ...]) -> str:
@@ -239,6 +249,11 @@ def _cubic(distance: np.ndarray, a: float) -> np.ndarray:
     return np.where(d <= 1, near, np.where(d < 2, far, 0.0))
 
 
+def _triangle(distance: np.ndarray) -> np.ndarray:
+    """The linear interpolation kernel (a tent of half-width 1)."""
+    return np.maximum(1 - np.abs(distance), 0.0)
+
+
 def _one_axis(spec: ResizeSpec, axis: int, n_in: int, n_out: int, scale: np.float32, roi: tuple) -> AxisTaps | None:
     """The taps of one axis; None when the axis comes out as it went in."""
     if n_out and not n_in:
@@ -251,22 +266,30 @@ def _one_axis(spec: ResizeSpec, axis: int, n_in: int, n_out: int, scale: np.floa
     if spec.mode == "nearest":
         index, weight = _nearest(spec, x, scale).astype(np.int64)[:, None], None
     else:
-        base = np.floor(x)
-        ratio = (x - base).astype(np.float64)[:, None]
-        if spec.mode == "linear":
-            offsets, weight = np.arange(2), np.concatenate([1 - ratio, ratio], axis=1)
-        else:
-            offsets = np.arange(-1, 3)
-            weight = _cubic(offsets[None, :] - ratio, spec.cubic_a)
-        index = base.astype(np.int64)[:, None] + offsets[None, :]
-        if spec.exclude_outside and spec.mode == "cubic":
-            weight = np.where((index < 0) | (index >= n_in), 0.0, weight)
-            total = weight.sum(axis=1, keepdims=True)
-            weight = weight / np.where(total == 0, 1.0, total)
+        index, weight = _filter_taps(spec, x, n_in, scale)
     index = np.clip(index, 0, max(n_in - 1, 0))
     if outside is None and n_out == n_in and _is_identity(index, weight):
         return None
     return AxisTaps(axis, index, weight, outside)
+
+
+def _filter_taps(spec: ResizeSpec, x: np.ndarray, n_in: int, scale: np.float32) -> tuple[np.ndarray, np.ndarray]:
+    """Linear or cubic taps (unclamped) for source coordinates x: every input within the filter's support,
+    which antialias stretches by 1/scale when downsampling so that the filter low-passes."""
+    stretch = min(float(scale), 1.0) if spec.antialias else 1.0
+    support = (1 if spec.mode == "linear" else 2) / stretch  # half-width, in input pixels
+    reach = math.ceil(support)
+    offsets = np.arange(1 - reach, reach + 1)  # linear: 0, 1; cubic: -1..2 (unstretched)
+    base = np.floor(x)
+    distance = (offsets[None, :] - (x - base).astype(np.float64)[:, None]) * stretch
+    weight = _triangle(distance) if spec.mode == "linear" else _cubic(distance, spec.cubic_a)
+    index = base.astype(np.int64)[:, None] + offsets[None, :]
+    if spec.exclude_outside:
+        weight = np.where((index < 0) | (index >= n_in), 0.0, weight)
+    if spec.exclude_outside or stretch < 1:
+        total = weight.sum(axis=1, keepdims=True)
+        weight = weight / np.where(total == 0, 1.0, total)
+    return index, weight
 
 
 def _is_identity(index: np.ndarray, weight: np.ndarray | None) -> bool:
