@@ -36,3 +36,24 @@ def onnxruntime(model: onnx.ModelProto, feed: dict) -> list[np.ndarray]:
     options.log_severity_level = 3  # e.g. "only guarantees support for opset 7 or above": expected for old opsets
     sess = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     return sess.run(None, feed)
+
+
+def torch_path_builder():
+    """build(model, level="all") -> a session whose runs go through the GPU path's PyTorch op map with CPU
+    tensors (the GPU planner, no kernels of ours): the GPU path's semantics, testable without a GPU."""
+    from xpuruntime.dispatch import Dispatcher
+    from xpuruntime.onnx.gpu import GpuRunner
+    from xpuruntime.registry import Registry, default_registry
+
+    registry = Registry()
+    for schema in default_registry().ops.values():
+        registry.register_op(schema)
+    dispatcher = Dispatcher(registry)
+
+    def build(model: onnx.ModelProto, level: str = "all") -> InferenceSession:
+        options = SessionOptions(graph_optimization_level=level, enable_cuda_graph=False)
+        session = InferenceSession(model.SerializeToString(), options, dispatcher=dispatcher)
+        session._backend = GpuRunner(session, torch_device="cpu")
+        return session
+
+    return build

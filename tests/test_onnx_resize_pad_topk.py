@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
-from onnx_models import make, onnxruntime, ours, vi
+from onnx_models import make, onnxruntime, ours, torch_path_builder, vi
 from strategies import seeds
 
 from xpuruntime.onnx import InferenceSession, NodeExecutionError, SessionOptions, UnsupportedModelError
@@ -47,24 +47,9 @@ def randn(rng: np.random.Generator, *shape: int, dtype: type = np.float32) -> np
 
 @pytest.fixture(scope="module")
 def torch_session():
-    """A session whose run goes through the GPU planner with CPU tensors and no kernels of ours."""
+    """A session builder through the GPU path's PyTorch op map, with CPU tensors (onnx_models)."""
     pytest.importorskip("torch")
-    from xpuruntime.dispatch import Dispatcher
-    from xpuruntime.onnx.gpu import GpuRunner
-    from xpuruntime.registry import Registry, default_registry
-
-    registry = Registry()
-    for schema in default_registry().ops.values():
-        registry.register_op(schema)
-    dispatcher = Dispatcher(registry)
-
-    def build(model: onnx.ModelProto, level: str = "all") -> InferenceSession:
-        options = SessionOptions(graph_optimization_level=level, enable_cuda_graph=False)
-        session = InferenceSession(model.SerializeToString(), options, dispatcher=dispatcher)
-        session._backend = GpuRunner(session, torch_device="cpu")
-        return session
-
-    return build
+    return torch_path_builder()
 
 
 def torch_run(build, model: onnx.ModelProto, feed: dict) -> list[np.ndarray]:
@@ -213,6 +198,28 @@ def test_resize_of_integers(dtype: int, rng) -> None:
     assert got.min() == info.min and got.max() == info.max
     # (float32 coordinates, as onnxruntime's, move the weights by ~1e-7: thousands at int32's extremes)
     same([got], reference(cubic, edges), atol=max(1.0, 4e-6 * info.max), rtol=0)
+
+
+def test_resize_linear_that_changes_nothing_keeps_int64_exact(torch_session, rng) -> None:
+    """Linear or cubic with every axis kept as it is copies the data: int64 beyond 2**53 is not rounded
+    through float64 (on either path)."""
+    feed = {"x": rng.integers(2**60, 2**62, (1, 2, 3, 5)) + 1}
+    for mode, target in (("linear", {"scales": [1, 1, 1, 1]}), ("cubic", {"sizes": [1, 2, 3, 5]})):
+        model = resize_model({"mode": mode}, [1, 2, 3, 5], dtype=I64, **target)
+        same(ours(model, feed), [feed["x"]], atol=0, rtol=0)
+        same(torch_run(torch_session, model, feed), [feed["x"]], atol=0, rtol=0)
+
+
+def test_resize_linear_of_bool_is_that_of_0_and_1(torch_session, rng) -> None:
+    """Neither the spec, onnxruntime nor the reference defines linear or cubic Resize of bool: the session
+    resizes it as uint8 0 and 1 (rounded half to even), alike on both paths."""
+    feed = {"x": rng.random((1, 2, 4, 5)) > 0.5}
+    for mode in ("linear", "cubic"):
+        model = resize_model({"mode": mode}, [1, 2, 4, 5], scales=[1, 1, 1.5, 0.6], dtype=B)
+        as_bytes = resize_model({"mode": mode}, [1, 2, 4, 5], scales=[1, 1, 1.5, 0.6], dtype=U8)
+        want = [ours(as_bytes, {"x": feed["x"].astype(np.uint8)})[0] != 0]
+        same(ours(model, feed), want, atol=0, rtol=0)
+        same(torch_run(torch_session, model, feed), want, atol=0, rtol=0)
 
 
 def test_resize_of_float16_and_float64(rng) -> None:
@@ -606,6 +613,15 @@ def test_upsample_through_the_torch_path(torch_session, rng) -> None:
         model = make([helper.make_node("Upsample", ["x"], ["y"], mode=mode, scales=[1, 1, 2.5, 1.5])],
                      [vi("x", [1, 2, 3, 5])], [vi("y", None)], opset=7)  # fmt: skip
         same(torch_run(torch_session, model, feed), onnxruntime(model, feed))
+
+
+def test_upsample_errors_name_upsample(torch_session, rng) -> None:
+    feed = {"x": randn(rng, 1, 2, 3, 5)}
+    model = make([helper.make_node("Upsample", ["x", "s"], ["y"])], [vi("x", [1, 2, 3, 5])], [vi("y", None)],
+                 {"s": np.array([1, 2, 3], np.float32)}, opset=9)  # fmt: skip
+    for run in (ours, lambda m, f: torch_run(torch_session, m, f)):
+        with pytest.raises(NodeExecutionError, match="Upsample: scales has 3 values for 4 axes"):
+            run(model, feed)
 
 
 # -- Pad ------------------------------------------------------------------------------------------------------

@@ -21,8 +21,8 @@ from ..graph.ir import Node
 from .errors import UnsupportedModelError
 from .executor import ExecutionPlan, Planner, Step
 from .lowering import XRT_DOMAIN, dtype_name
-from .opmap import check_dropout_inference, crop_widths, pad_source, pad_widths
-from .resize import axis_taps, outside_mask, resize_spec, split_inputs, taps_key
+from .opmap import check_dropout_inference, crop_widths, pad_source, pad_widths, prelu_channel_shape, topk_axis_and_k
+from .resize import axis_taps, outside_mask, resize_spec, saturation, split_inputs, taps_key, working_dtype
 from .session import check_shape
 
 if TYPE_CHECKING:
@@ -369,7 +369,12 @@ def _builders() -> dict[str, Callable[[Node, int], Callable]]:
         ops[name] = activation(fn)
 
     def prelu(node: Node, opset: int) -> Callable:
-        return lambda x, slope: torch.where(x < 0, x * slope, x)
+        def run(x: Any, slope: Any) -> Any:
+            channels = prelu_channel_shape(opset, tuple(x.shape), tuple(slope.shape))
+            slope = slope if channels is None else slope.reshape(channels)
+            return torch.where(x < 0, x * slope, x)
+
+        return run
 
     def mod(node: Node, opset: int) -> Callable:
         return lambda a, b: torch.fmod(a, b) if node.attrs.get("fmod", 0) else torch.remainder(a, b)
@@ -443,7 +448,7 @@ def _builders() -> dict[str, Callable[[Node, int], Callable]]:
 
         def run(x: Any, pads: Any, value: Any = None, axes: Any = None) -> Any:
             widths = pad_widths("Pad", tuple(x.shape), _ints(pads), None if axes is None else _ints(axes))
-            crop, widths = crop_widths(widths)
+            crop, widths = crop_widths(tuple(x.shape), widths)
             x = x[crop]
             if mode == "constant":
                 fill = 0 if value is None or np.size(_host(value)) == 0 else _scalar(value)
@@ -469,18 +474,15 @@ def _builders() -> dict[str, Callable[[Node, int], Callable]]:
                 key, lambda: (outside_mask(taps, x.dim()), *(a for t in taps for a in (t.index, t.weight))), x.device
             )
             mask, *arrays = moved
-            wide = x.dtype == torch.float64 or not x.is_floating_point()  # as resize.compute_dtype
-            y = x if spec.mode == "nearest" else x.to(torch.float64 if wide else torch.float32)
+            y = x.to(_torch_dtype(working_dtype(taps, dtype_name(x))))
             for tap, index, weight in zip(taps, arrays[::2], arrays[1::2]):
                 y = _interpolate(y, tap.axis, index, weight)
             if mask is not None:
                 y = torch.where(mask, torch.tensor(spec.extrapolation, dtype=y.dtype, device=y.device), y)
             if y.dtype == x.dtype:
                 return y
-            if not x.is_floating_point():
-                info = torch.iinfo(x.dtype)
-                y = torch.clamp(torch.round(y), info.min, info.max)
-            return y.to(x.dtype)
+            bounds = saturation(dtype_name(x))
+            return (y if bounds is None else torch.clamp(torch.round(y), *bounds)).to(x.dtype)
 
         return run
 
@@ -488,7 +490,7 @@ def _builders() -> dict[str, Callable[[Node, int], Callable]]:
         axis, largest = node.attrs.get("axis", -1), bool(node.attrs.get("largest", 1))
 
         def run(x: Any, k: Any) -> tuple:
-            ax, count = axis % x.dim(), _ints(k)[0]
+            ax, count = topk_axis_and_k(axis, _ints(k), tuple(x.shape))
             values, index = torch.sort(x, dim=ax, descending=largest, stable=True)  # ties: lower index first
             return values.narrow(ax, 0, count), index.narrow(ax, 0, count)
 

@@ -3,11 +3,12 @@ builders run: what a later version made an input becomes a constant input, defau
 versions are written out, and legacy broadcasting (opset 1 to 6: `broadcast=1` with an `axis`) becomes
 NumPy-style broadcasting by giving B trailing dims of size 1.
 
-Also rewritten: PRelu-1/6's per-channel slope (given trailing 1s), Pad-1/2's pads and value, TopK-1's k
-and Upsample-1/7's scales (attributes made constant inputs).
+Also rewritten: Pad-1/2's pads and value, TopK-1's k and Upsample-1/7's scales (attributes made constant
+inputs).
 
 Forms the op map reads directly for every opset (Slice-1 bounds, Squeeze/Unsqueeze/Reduce axes and Split
-sizes as attributes, Tile-1's tiles and axis, Softmax's 2-D coercion before 13) are left as they are.
+sizes as attributes, Tile-1's tiles and axis, Softmax's 2-D coercion before 13, PRelu-1/6's per-channel
+slope, which needs the input's rank and so is aligned per run) are left as they are.
 """
 
 from __future__ import annotations
@@ -45,8 +46,6 @@ def upgrade(graph: Graph, model: onnx.ModelProto) -> None:
             node.attrs.setdefault("max", FLOAT_MAX)
         elif node.op in LEGACY_BROADCAST and opset < 7:
             _legacy_broadcast(graph, node, ranks)
-        elif node.op == "PRelu" and opset < 7:
-            _prelu_per_channel(graph, node, ranks)
         elif node.op == "Pad":  # Pad-1 and Pad-2 (opset < 11)
             _pad_2(graph, node)
         elif node.op == "TopK" and opset < 10:
@@ -91,24 +90,6 @@ def _legacy_broadcast(graph: Graph, node: Node, ranks: _Ranks) -> None:
     # an Unsqueeze even for a constant B: folded while optimizing or planning, and right for a fed one
     aligned = graph.fresh_name(f"{b}_aligned")
     unsqueeze = Node("Unsqueeze", [b], [aligned], {"axes": list(range(rank_b, rank_b + pad))}, aligned)
-    graph.nodes.insert(graph.nodes.index(node), unsqueeze)  # Unsqueeze-1: axes is an attribute
-    node.inputs[1] = aligned
-
-
-def _prelu_per_channel(graph: Graph, node: Node, ranks: _Ranks) -> None:
-    """PRelu-1 and PRelu-6: a 1-D slope of size C holds one value per channel (dim 1 of an N x C x ...
-    input), where NumPy broadcasting would align it with the last dim: the slope gets trailing 1s."""
-    node.attrs.pop("consumed_inputs", None)
-    x, slope = node.inputs
-    rank_x, array = ranks.of(x), graph.constant(slope)
-    shape = graph.value(slope).shape if array is None else array.shape
-    if rank_x is None or rank_x <= 2 or shape is None or len(shape) != 1 or shape[0] == 1:
-        return  # a single slope, or an N x C input: NumPy's rule already applies it per channel
-    channels = graph.value(x).shape[1] if graph.value(x).shape is not None else None
-    if isinstance(channels, int) and isinstance(shape[0], int) and channels != shape[0]:
-        return  # not one value per channel: left to NumPy's broadcasting
-    aligned = graph.fresh_name(f"{slope}_per_channel")
-    unsqueeze = Node("Unsqueeze", [slope], [aligned], {"axes": list(range(1, rank_x - 1))}, aligned)
     graph.nodes.insert(graph.nodes.index(node), unsqueeze)  # Unsqueeze-1: axes is an attribute
     node.inputs[1] = aligned
 

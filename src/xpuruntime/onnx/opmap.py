@@ -497,9 +497,22 @@ OPS.update(
 )  # fmt: skip
 
 
+def prelu_channel_shape(opset: int, x_shape: tuple[int, ...], slope_shape: tuple[int, ...]) -> tuple | None:
+    """PRelu-1/6's 1-D slope of C values is per channel (dim 1 of N x C x ...), not along the last dim as
+    NumPy would broadcast it: the (C, 1, ...) shape to give it, per run (the rank may be known only then)."""
+    if opset >= 7 or len(x_shape) <= 2 or tuple(slope_shape) != (x_shape[1],):
+        return None  # PRelu-7+, an N x C input, or not one value per channel: NumPy's rule applies
+    return (x_shape[1],) + (1,) * (len(x_shape) - 2)
+
+
 @op("PRelu")
 def _prelu(node: Node, opset: int) -> Fn:
-    return lambda x, slope: np.where(x < 0, x * slope, x).astype(x.dtype, copy=False)
+    def run(x: np.ndarray, slope: np.ndarray) -> np.ndarray:
+        channels = prelu_channel_shape(opset, x.shape, slope.shape)
+        slope = slope if channels is None else slope.reshape(channels)
+        return np.where(x < 0, x * slope, x).astype(x.dtype, copy=False)
+
+    return run
 
 
 @op("Mod")
@@ -618,10 +631,15 @@ def pad_source(n: int, begin: int, end: int, mode: str) -> np.ndarray:
     return np.where(i < n, i, period - i)
 
 
-def crop_widths(widths: list[tuple[int, int]]) -> tuple[tuple[slice, ...], list[tuple[int, int]]]:
-    """Negative pads remove elements: the slices that do that, and the pads (all >= 0) left after them."""
-    crop = tuple(slice(max(-b, 0), e if e < 0 else None) for b, e in widths)
-    return crop, [(max(b, 0), max(e, 0)) for b, e in widths]
+def crop_widths(shape: tuple[int, ...], widths: list[tuple[int, int]]) -> tuple[tuple[slice, ...], list]:
+    """Negative pads remove elements: the slices that do that, and the pads (all >= 0) left after them. A
+    crop past the far end of a dim eats into the other side's pad, so that a dim n gets n + begin + end."""
+    crop, left = [], []
+    for n, (begin, end) in zip(shape, widths):
+        cut_begin, cut_end = max(-begin, 0), max(-end, 0)
+        crop.append(slice(cut_begin, max(n - cut_end, 0)))
+        left.append((max(begin, 0) - max(cut_end - n, 0), max(end, 0) - max(cut_begin - n, 0)))
+    return tuple(crop), left
 
 
 @op("Pad")
@@ -629,7 +647,7 @@ def _pad(node: Node, opset: int) -> Fn:
     mode = node.attrs.get("mode", "constant")  # checked by forms.py; legacy.py makes Pad-1/2's pads inputs
 
     def run(x: np.ndarray, pads: np.ndarray, value: Any = None, axes: Any = None) -> np.ndarray:
-        crop, widths = crop_widths(pad_widths("Pad", x.shape, pads, axes))
+        crop, widths = crop_widths(x.shape, pad_widths("Pad", x.shape, pads, axes))
         x = x[crop]
         if mode == "constant":
             fill = 0 if value is None or np.size(value) == 0 else np.asarray(value).reshape(-1)[0]
@@ -656,16 +674,21 @@ def topk_order(x: np.ndarray, axis: int, largest: bool) -> np.ndarray:
     return np.flip(x.shape[axis] - 1 - flipped, axis)
 
 
+def topk_axis_and_k(axis: int, k: list[int], shape: tuple[int, ...]) -> tuple[int, int]:
+    """TopK's axis as an index and its k, checked alike on both paths: k is one value in [0, dim]."""
+    ax = _axis("TopK", axis, len(shape))
+    if len(k) != 1 or not 0 <= k[0] <= shape[ax]:
+        raise ArgumentError(f"TopK: k={k} is not one value in [0, {shape[ax]}] (axis {axis} of {tuple(shape)})")
+    return ax, k[0]
+
+
 @op("TopK")
 def _topk(node: Node, opset: int) -> Fn:
     axis, largest = node.attrs.get("axis", -1), bool(node.attrs.get("largest", 1))  # legacy.py: TopK-1's k
 
     def run(x: np.ndarray, k: np.ndarray) -> tuple:
-        ax = _axis("TopK", axis, x.ndim)
-        count = _ints(k)
-        if len(count) != 1 or not 0 <= count[0] <= x.shape[ax]:
-            raise ArgumentError(f"TopK: k={count} is not one value in [0, {x.shape[ax]}] (axis {axis} of {x.shape})")
-        index = np.take(topk_order(x, ax, largest), np.arange(count[0]), axis=ax)
+        ax, count = topk_axis_and_k(axis, _ints(k), x.shape)
+        index = np.take(topk_order(x, ax, largest), np.arange(count), axis=ax)
         return np.take_along_axis(x, index, axis=ax), index.astype(np.int64)
 
     return run

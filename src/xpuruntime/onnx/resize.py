@@ -3,9 +3,15 @@
 Every mode the session runs is a product of 1-D filters, so a resize is one pass per resized axis: each
 output position along the axis reads `taps` input positions (clamped to the edge, as ONNX pads) with
 weights. The taps are small host arrays worked out from the input shape and the scales, sizes and roi
-(`axis_taps`, cached); NumPy here and PyTorch in gpu.py apply the same taps. Source coordinates follow
-onnxruntime's float32 formulas; where one lands exactly halfway between two pixels (a nearest-neighbour
-tie), float rounding decides, as it does in onnxruntime and in the ONNX reference, each in its own way.
+(`axis_taps`, cached); NumPy here and PyTorch in gpu.py apply the same taps. With `scales` given, source
+coordinates follow onnxruntime's float32 formulas (float rounding decides a nearest-neighbour tie). With
+`sizes`, the scale is the exact ratio of the integer lengths and coordinates are worked out from them in
+float64, so a coordinate exactly halfway between two pixels stays exact and nearest_mode decides it (as
+onnxruntime and the ONNX reference do).
+
+Linear and cubic resizes interpolate in float32 or float64 and round integer data back, half to even and
+saturating; bool data resizes as 0 and 1 (neither the spec, onnxruntime nor the reference defines it). A
+resize that only copies (nearest, or no axis changed) keeps the data in its own dtype.
 
 Resize-18's `antialias=1` stretches the linear and cubic filters of an axis that shrinks by 1/scale, so that
 they low-pass the input: an output reads every input within the stretched support, weighted by the kernel
@@ -19,6 +25,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -35,6 +42,7 @@ COORDINATES = (
 NEAREST = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
 POLICIES = ("stretch", "not_larger", "not_smaller")
 LEGACY = "legacy"  # Upsample and Resize-10: floor when upsampling, ceil when downsampling (as onnxruntime)
+Scale = np.float32 | Fraction  # a given scale (float32, as onnxruntime's) or one from sizes (exact)
 
 
 @dataclass(frozen=True)
@@ -51,6 +59,7 @@ class ResizeSpec:
     policy: str = "stretch"
     legacy_inputs: bool = False  # (X, scales) only: Upsample-9/10 and Resize-10
     antialias: bool = False  # Resize-18: linear and cubic filters stretched when downsampling
+    op: str = "Resize"  # or Upsample: the name errors give
 
 
 @dataclass(frozen=True)
@@ -69,7 +78,7 @@ def resize_spec(node: Node, opset: int) -> ResizeSpec:
     at = node.attrs
     if node.op == "Upsample" or opset < 11:  # Upsample-1 (bilinear) is renamed by legacy.py
         mode = _choice(node, "mode", at.get("mode", "nearest"), ("nearest", "linear"))
-        return ResizeSpec(mode, "asymmetric", LEGACY, legacy_inputs=True)
+        return ResizeSpec(mode, "asymmetric", LEGACY, legacy_inputs=True, op=node.op)
     coordinates = COORDINATES if opset < 13 else COORDINATES[:-1]  # tf_half_pixel_for_nn: Resize-11 only
     axes = at.get("axes")
     return ResizeSpec(
@@ -150,17 +159,17 @@ def outside_mask(taps: tuple[AxisTaps, ...], ndim: int) -> np.ndarray | None:
 def _cached_taps(
     spec: ResizeSpec, shape: tuple[int, ...], roi: tuple | None, scales: tuple | None, sizes: tuple | None
 ) -> tuple[tuple[int, ...], tuple[AxisTaps, ...]]:
-    rank = len(shape)
+    rank, op = len(shape), spec.op
     axes = _axes(spec, rank)
     if (scales is None) == (sizes is None):
         which = "both" if scales is not None else "neither"
-        raise ArgumentError(f"Resize: expects exactly one of 'scales' and 'sizes' (non-empty), got {which}")
+        raise ArgumentError(f"{op}: expects exactly one of 'scales' and 'sizes' (non-empty), got {which}")
     given = scales if scales is not None else sizes
     if len(given) != len(axes):
         what = "scales" if scales is not None else "sizes"
-        raise ShapeError(f"Resize: {what} has {len(given)} values for {len(axes)} axes of an input of shape {shape}")
+        raise ShapeError(f"{op}: {what} has {len(given)} values for {len(axes)} axes of an input of shape {shape}")
     if spec.coordinates == "tf_crop_and_resize" and (roi is None or len(roi) != 2 * len(axes)):
-        raise ShapeError(f"Resize: tf_crop_and_resize needs an roi of {2 * len(axes)} values, got {roi}")
+        raise ShapeError(f"{op}: tf_crop_and_resize needs an roi of {2 * len(axes)} values, got {roi}")
     out_sizes, axis_scales = _sizes_and_scales(spec, shape, axes, scales, sizes)
     out_shape = list(shape)
     taps = []
@@ -179,49 +188,59 @@ def _axes(spec: ResizeSpec, rank: int) -> list[int]:
     if spec.axes is None:
         return list(range(rank))
     if any(not -rank <= a < rank for a in spec.axes):
-        raise ShapeError(f"Resize: axes {list(spec.axes)} out of range for a rank-{rank} input")
+        raise ShapeError(f"{spec.op}: axes {list(spec.axes)} out of range for a rank-{rank} input")
     axes = [a % rank for a in spec.axes]
     if len(set(axes)) != len(axes):
-        raise ArgumentError(f"Resize: repeated axes {list(spec.axes)}")
+        raise ArgumentError(f"{spec.op}: repeated axes {list(spec.axes)}")
     return axes
 
 
 def _sizes_and_scales(
     spec: ResizeSpec, shape: tuple[int, ...], axes: list[int], scales: tuple | None, sizes: tuple | None
-) -> tuple[list[int], list[np.float32]]:
-    """Output sizes and the scales the coordinates use, in float32 as onnxruntime computes them."""
-    dims = [np.float32(shape[a]) for a in axes]
+) -> tuple[list[int], list[Scale]]:
+    """Output sizes and the scales the coordinates use: given scales in float32, as onnxruntime computes
+    them; with sizes, exact ratios of the lengths (Fractions)."""
     if scales is not None:
         if any(s <= 0 for s in scales):
-            raise ArgumentError(f"Resize: scales must be positive, got {list(scales)}")
+            raise ArgumentError(f"{spec.op}: scales must be positive, got {list(scales)}")
         factors = [np.float32(s) for s in scales]
-        return [int(np.float32(s * d)) for s, d in zip(factors, dims)], factors
+        return [int(s * np.float32(shape[a])) for s, a in zip(factors, axes)], factors
     if any(s < 0 for s in sizes):
-        raise ArgumentError(f"Resize: sizes must not be negative, got {list(sizes)}")
+        raise ArgumentError(f"{spec.op}: sizes must not be negative, got {list(sizes)}")
+    ratios = [_size_ratio(spec, shape[a], s, a) for a, s in zip(axes, sizes)]
     if spec.policy == "stretch":
-        return list(sizes), [np.float32(s) / d if d else np.float32(1) for s, d in zip(sizes, dims)]
-    ratios = [np.float32(s) / d for s, d in zip(sizes, dims)]
+        return list(sizes), ratios
     common = min(ratios) if spec.policy == "not_larger" else max(ratios)
-    return [math.floor(common * d + 0.5) for d in dims], [common] * len(axes)
+    return [math.floor(common * shape[a] + Fraction(1, 2)) for a in axes], [common] * len(axes)
+
+
+def _size_ratio(spec: ResizeSpec, n_in: int, n_out: int, axis: int) -> Fraction:
+    """n_out / n_in exactly; an empty axis can only stay empty (its ratio is then 1, as onnxruntime's)."""
+    if n_in:
+        return Fraction(n_out, n_in)
+    if n_out:
+        raise ShapeError(
+            f"{spec.op}: axis {axis} of the input is empty (dim 0) but the output needs {n_out} elements along "
+            "it: no scale makes a non-empty dim of an empty one"
+        )
+    return Fraction(1)
 
 
 # -- one axis -----------------------------------------------------------------------------------------------
-def _coordinates(spec: ResizeSpec, n_in: int, n_out: int, scale: np.float32, roi: tuple) -> np.ndarray:
-    """x_original for every output position of an axis (float32, onnxruntime's formulas)."""
+def _coordinates(spec: ResizeSpec, n_in: int, n_out: int, scale: Scale, roi: tuple) -> np.ndarray:
+    """x_original for every output position of an axis (float32, onnxruntime's formulas; see _over)."""
     x = np.arange(n_out, dtype=np.float32)
     mode = spec.coordinates
     if mode == "asymmetric":
-        return x / scale
+        return _over(x, scale)
     if mode == "tf_half_pixel_for_nn":
-        return (x + 0.5) / scale
+        return _over(x + 0.5, scale)
     if mode == "half_pixel":
-        return (x + 0.5) / scale - 0.5
+        return _over(x + 0.5, scale) - 0.5
     if mode == "pytorch_half_pixel":
-        return (x + 0.5) / scale - 0.5 if n_out > 1 else np.zeros_like(x)
+        return _over(x + 0.5, scale) - 0.5 if n_out > 1 else np.zeros_like(x)
     if mode == "half_pixel_symmetric":
-        adjustment = np.float32(n_out) / (scale * np.float32(n_in))
-        offset = np.float32(n_in) / 2 * (1 - adjustment)
-        return offset + (x + 0.5) / scale - 0.5
+        return _symmetric_offset(n_in, n_out, scale) + _over(x + 0.5, scale) - 0.5
     if mode == "align_corners":
         return x * np.float32(n_in - 1) / np.float32(n_out - 1) if n_out > 1 else np.zeros_like(x)
     start, end = np.float32(roi[0]), np.float32(roi[1])  # tf_crop_and_resize
@@ -230,7 +249,23 @@ def _coordinates(spec: ResizeSpec, n_in: int, n_out: int, scale: np.float32, roi
     return start * np.float32(n_in - 1) + x * (end - start) * np.float32(n_in - 1) / np.float32(n_out - 1)
 
 
-def _nearest(spec: ResizeSpec, x: np.ndarray, scale: np.float32) -> np.ndarray:
+def _over(x: np.ndarray, scale: Scale) -> np.ndarray:
+    """x / scale: in float32 for a given scale; for an exact ratio p/q, x * q / p in float64, one rounding
+    of an exact quotient, so that a coordinate exactly halfway between two pixels stays exact."""
+    if isinstance(scale, Fraction):
+        return x.astype(np.float64) * scale.denominator / scale.numerator
+    return x / scale
+
+
+def _symmetric_offset(n_in: int, n_out: int, scale: Scale) -> Any:
+    """half_pixel_symmetric's offset n_in / 2 * (1 - n_out / (scale * n_in)), exact for an exact scale."""
+    if isinstance(scale, Fraction):
+        return float(Fraction(n_in, 2) * (1 - n_out / (scale * n_in)))
+    adjustment = np.float32(n_out) / (scale * np.float32(n_in))
+    return np.float32(n_in) / 2 * (1 - adjustment)
+
+
+def _nearest(spec: ResizeSpec, x: np.ndarray, scale: Scale) -> np.ndarray:
     rule = spec.nearest
     if rule == LEGACY:
         rule = "ceil" if scale < 1 else "floor"
@@ -254,10 +289,8 @@ def _triangle(distance: np.ndarray) -> np.ndarray:
     return np.maximum(1 - np.abs(distance), 0.0)
 
 
-def _one_axis(spec: ResizeSpec, axis: int, n_in: int, n_out: int, scale: np.float32, roi: tuple) -> AxisTaps | None:
+def _one_axis(spec: ResizeSpec, axis: int, n_in: int, n_out: int, scale: Scale, roi: tuple) -> AxisTaps | None:
     """The taps of one axis; None when the axis comes out as it went in."""
-    if n_out and not n_in:
-        raise ShapeError(f"Resize: cannot resize an empty axis {axis} to {n_out}")
     x = _coordinates(spec, n_in, n_out, scale, roi)
     outside = None
     if spec.coordinates == "tf_crop_and_resize":
@@ -273,7 +306,7 @@ def _one_axis(spec: ResizeSpec, axis: int, n_in: int, n_out: int, scale: np.floa
     return AxisTaps(axis, index, weight, outside)
 
 
-def _filter_taps(spec: ResizeSpec, x: np.ndarray, n_in: int, scale: np.float32) -> tuple[np.ndarray, np.ndarray]:
+def _filter_taps(spec: ResizeSpec, x: np.ndarray, n_in: int, scale: Scale) -> tuple[np.ndarray, np.ndarray]:
     """Linear or cubic taps (unclamped) for source coordinates x: every input within the filter's support,
     which antialias stretches by 1/scale when downsampling so that the filter low-passes."""
     stretch = min(float(scale), 1.0) if spec.antialias else 1.0
@@ -299,16 +332,28 @@ def _is_identity(index: np.ndarray, weight: np.ndarray | None) -> bool:
     return bool(np.all(np.where(index == rows, weight, 0.0).sum(axis=1) == 1) and np.all(np.abs(weight).sum(1) == 1))
 
 
+# -- data types ---------------------------------------------------------------------------------------------
+def working_dtype(taps: tuple[AxisTaps, ...], dtype: str) -> str:
+    """The dtype (by name) the taps are applied in: the data's own where they only copy (nearest, or no
+    axis changed: int64 above 2**53 stays exact), else float64 (float64, integer and bool data) or float32."""
+    if all(tap.weight is None for tap in taps):
+        return dtype
+    return "float64" if dtype == "float64" or saturation(dtype) is not None else "float32"
+
+
+def saturation(dtype: str) -> tuple[int, int] | None:
+    """The range interpolated integer (or bool, as 0 and 1) data is rounded into; None for floats."""
+    if dtype == "bool":
+        return 0, 1
+    return None if dtype.startswith(("float", "bfloat", "complex")) else (np.iinfo(dtype).min, np.iinfo(dtype).max)
+
+
 # -- NumPy ----------------------------------------------------------------------------------------------------
-def compute_dtype(dtype: np.dtype) -> np.dtype:
-    """Interpolation runs in float32 (float16 and float32 data) or float64 (float64 and integers)."""
-    return np.dtype(np.float32 if dtype.kind == "f" and dtype.itemsize <= 4 else np.float64)
-
-
 def resize(spec: ResizeSpec, x: np.ndarray, *rest: Any) -> np.ndarray:
     """Resize `x`; `rest` is the node's other inputs (the op map's Resize and Upsample)."""
     _, taps = axis_taps(spec, taps_key(x.shape, *split_inputs(spec, rest)))
-    y = x if spec.mode == "nearest" else x.astype(compute_dtype(x.dtype))
+    work = working_dtype(taps, x.dtype.name)
+    y = x if work == x.dtype.name else x.astype(work)
     for tap in taps:
         y = _apply(y, tap)
     mask = outside_mask(taps, y.ndim)
@@ -332,7 +377,5 @@ def _to_dtype(y: np.ndarray, dtype: np.dtype) -> np.ndarray:
     """Back to the input's dtype: integers round half to even and saturate (as the ONNX reference)."""
     if y.dtype == dtype:
         return y
-    if dtype.kind in "iu":
-        info = np.iinfo(dtype)
-        return np.clip(np.rint(y), info.min, info.max).astype(dtype)
-    return y.astype(dtype)
+    bounds = saturation(dtype.name)
+    return (y if bounds is None else np.clip(np.rint(y), *bounds)).astype(dtype)
