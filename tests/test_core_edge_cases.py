@@ -11,7 +11,14 @@ from hypothesis import strategies as st
 import xpuruntime as xrt
 from xpuruntime import policy
 from xpuruntime.dispatch import Dispatcher
-from xpuruntime.errors import ArgumentError, DTypeError, LayoutError, UnknownOpError, UnsupportedByPolicyError
+from xpuruntime.errors import (
+    ArgumentError,
+    DTypeError,
+    LayoutError,
+    RegistrationError,
+    UnknownOpError,
+    UnsupportedByPolicyError,
+)
 from xpuruntime.ops.attention_backward import gradients_reference
 from xpuruntime.ops.norm import layer_norm_reference
 from xpuruntime.ops.norm_backward import layer_norm_backward_reference, rms_norm_backward_reference
@@ -171,3 +178,14 @@ def test_kernel_dtypes_that_cannot_be_iterated_give_a_registration_error():
         xrt.kernel("attention", "k", backend="cpu", dtypes=Hostile())
     with pytest.raises(xrt.RegistrationError, match="'dtypes'"):
         xrt.kernel("attention", "k", backend="cpu", dtypes=[["float32"]])  # unhashable items
+
+
+def test_declaring_a_kernel_whose_op_name_cannot_be_printed_still_names_the_problem():
+    """Found by the API fuzz on the H100: an op whose str() raises, with an unknown hint."""
+
+    class Unprintable:
+        def __str__(self) -> str:
+            raise TypeError("no str")
+
+    with pytest.raises(RegistrationError, match="unknown hint 'dtypess'"):
+        xrt.kernel(Unprintable(), "k", backend="cpu", dtypess={"float32"})

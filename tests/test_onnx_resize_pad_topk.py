@@ -9,6 +9,7 @@ import warnings
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
@@ -417,7 +418,13 @@ def test_resize_antialias_matches_onnxruntime(mode: str, exclude: int, coordinat
     roi = ROI if coordinates == "tf_crop_and_resize" else None
     model = aa_model({**attrs, "extrapolation_value": -7.5}, AA_SHAPE, roi=roi, **AA_TARGETS[target])
     feed = {"x": randn(rng, *AA_SHAPE)}
-    same(ours(model, feed), onnxruntime(model, feed))
+    try:
+        want = onnxruntime(model, feed)
+    except ort.capi.onnxruntime_pybind11_state.RuntimeException as exc:
+        if "narrowing_error" not in str(exc):
+            raise
+        pytest.skip(f"onnxruntime {ort.__version__} fails on this model (narrowing_error); newer releases run it")
+    same(ours(model, feed), want)
 
 
 @pytest.mark.parametrize("opset", [18, 19])

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .abi import ArgPack, LaunchConfig
-from .errors import RegistrationError, UnknownKernelError, UnknownNameError, UnknownOpError, clip, unknown_name
+from .errors import RegistrationError, UnknownKernelError, UnknownNameError, UnknownOpError, clip, cut, unknown_name
 
 if TYPE_CHECKING:
     from .context import DispatchContext
@@ -198,13 +198,18 @@ def _sm(cc: tuple[int, int]) -> str:
     return f"sm{cc[0]}{cc[1]}"
 
 
+def _label(op: Any, name: Any) -> str:
+    """'op/name' for errors about a kernel being declared, whatever op and name turn out to be."""
+    return "/".join(cut(x, 60) if isinstance(x, str) else clip(x, 60) for x in (op, name))
+
+
 def kernel(op: str, name: str, *, backend: str, **hints: Any) -> Callable[[LaunchFn], KernelSpec]:
     """Decorator declaring a launch function as a kernel; register the result with a Registry."""
 
     known = {f.name for f in dataclasses.fields(KernelSpec)} - {"op", "name", "backend", "launch"}
     for hint in hints:
         if hint not in known:
-            raise unknown_name(RegistrationError, "hint", hint, known, where=f" for kernel '{op}/{name}'")
+            raise unknown_name(RegistrationError, "hint", hint, known, where=f" for kernel '{_label(op, name)}'")
 
     dtypes = hints.get("dtypes")
     if dtypes is not None and not isinstance(dtypes, str | bytes):  # a str stays a str and is refused
@@ -212,7 +217,7 @@ def kernel(op: str, name: str, *, backend: str, **hints: Any) -> Callable[[Launc
             hints["dtypes"] = frozenset(dtypes)
         except Exception:  # not iterable, unhashable items, or an iterator that raises
             raise RegistrationError(
-                f"kernel {clip(str(op), 60)}/{clip(str(name), 60)}: field 'dtypes' expected a collection of "
+                f"kernel {clip(op, 60)}/{clip(name, 60)}: field 'dtypes' expected a collection of "
                 f"dtype names, got {type(dtypes).__name__}"
             ) from None
     if isinstance(hints.get("conditions"), list):
