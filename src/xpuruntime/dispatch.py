@@ -2,8 +2,10 @@
 
 The hot path on a plan-cache hit is: read the policy, build the signature key, one dict lookup,
 allocate the output, launch. Validation, selection, launch-config and workspace sizing happen only on
-a miss, because the key fixes everything they depend on. A kernel declared `returns_output=True`
-allocates its own output: without `out=` nothing is allocated here and its return value is the result.
+a miss, because the key fixes everything they depend on. Once xpuruntime's C++ extension is loaded, a hit
+without out= runs in C from the key to the launch (runtime/hot_path.cpp); the Python below is its reference
+and serves everything else. A kernel declared `returns_output=True` allocates its own output: without
+`out=` nothing is allocated here and its return value is the result.
 """
 
 from __future__ import annotations
