@@ -37,14 +37,17 @@ def cases() -> dict[str, tuple[dict[str, str], Callable[[], object]]]:
     x_ln = torch.randn(8192, 768, device=dev, dtype=bf, requires_grad=True)
     q, k, v = (torch.randn(8, 12, 1024, 64, device=dev, dtype=bf, requires_grad=True) for _ in range(3))
 
+    # contiguous output gradients, as in a training step (`.sum().backward()` would give stride-0 ones)
+    dy_lin, dy_ln, dy_sdpa = torch.randn_like(lin(x_lin)), torch.randn_like(x_ln), torch.randn_like(q)
+
     def linear_step() -> None:
-        lin(x_lin).sum().backward()
+        lin(x_lin).backward(dy_lin)
 
     def layer_norm_step() -> None:
-        ln(x_ln).sum().backward()
+        ln(x_ln).backward(dy_ln)
 
     def sdpa_step() -> None:
-        F.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()
+        F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(dy_sdpa)
 
     return {
         "mm 16x16 fp32 (torch kernel)": ({"matmul": "torch"}, lambda: torch.mm(a, b)),
