@@ -4,7 +4,7 @@ A captured step has no host time, so it shows what each policy's kernels do to t
 GPT step (issue 8's "captured step >= 1.1x"). Each configuration is a fresh process of the example;
 eager runs come first and last, so host drift shows as a difference between the two.
 
-    python benchmarks/captured_policies.py [--steps 40] [--out DIR]
+    python benchmarks/captured_policies.py [--steps 40] [--out DIR] [--only ROW ...]
 """
 
 from __future__ import annotations
@@ -33,12 +33,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--out", default="/tmp/captured_policies")
+    parser.add_argument("--only", nargs="*", default=None, help="run only these rows (names as printed)")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     example = Path(__file__).resolve().parents[1] / "examples" / "train_gpt.py"
     medians = {}
     for i, (name, extra) in enumerate(CONFIGS.items()):
+        if args.only is not None and name not in args.only:
+            continue
         path = out / f"captured_{i}.json"
         command = [sys.executable, str(example), "--steps", str(args.steps), "--json", str(path), *extra]
         done = subprocess.run(command, capture_output=True, text=True)

@@ -53,7 +53,7 @@ def gpt_step(model_args: str = "", old_loop: bool = False) -> Callable[[float], 
     """The example GPT (its own arguments `model_args`) and one bf16 training step of it, as
     step(sleep_ms=0) -> (host ms to enqueue it, ms until the GPU finished it). The loop is the example's
     (gradients set to None, fused AdamW); `old_loop`: the example's loop up to session 14 (gradients
-    zeroed in place, the default foreach AdamW), ~1.5 ms more host time per step."""
+    zeroed in place, the default foreach AdamW): 17.5 against 14.0 ms per step on the H100 (session 15)."""
     cfg = example.parse_args(shlex.split(model_args))
     torch.manual_seed(0)
     model = example.GPT(cfg.vocab, cfg.context, cfg.d_model, cfg.heads, cfg.layers).cuda()

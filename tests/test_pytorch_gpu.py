@@ -185,6 +185,20 @@ def test_captured_training_step_matches_eager():
     assert "torch" in _kernels("matmul")
 
 
+def test_autotune_tunes_a_graph_warmup_without_the_routing_cost():
+    """Signatures first tuned in CUDAGraphWrapper's warm-up are judged for replay (no host cost)."""
+    from xpuruntime.pytorch import handback, routing
+
+    eager_losses, _ = _tiny_step(None, capture=False)
+    handback.reset()
+    routing.get_dispatcher().plans.invalidate()  # tune again, inside the warm-up
+    graph_losses, _ = _tiny_step({"matmul": "autotune", "layer_norm": "autotune"}, capture=True)
+    torch.testing.assert_close(graph_losses, eager_losses, rtol=1e-3, atol=1e-4)
+    found = [why for rows in handback.verdicts().values() for _, why in rows]
+    assert found and all("CUDA graph" in why for why in found), found
+    handback.reset()
+
+
 def test_allocator_pool_routes_allocations_and_keeps_results():
     ref_losses, _ = _tiny_step(None, capture=False)
     xtorch.set_allocator()

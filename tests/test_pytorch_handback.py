@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 import torch
@@ -148,6 +150,31 @@ def test_an_op_without_a_pytorch_candidate_does_not_keep_its_family_routed(regis
     assert CALLS["layer_norm"] + CALLS["torch_ln"] + CALLS["layer_norm_backward"] == calls
     expected = torch.autograd.grad(torch.nn.functional.layer_norm(x, (10,)).square().sum(), x)[0]
     torch.testing.assert_close(x.grad, expected)
+
+
+@pytest.mark.parametrize("in_graph", [False, True])
+def test_signatures_tuned_for_a_cuda_graph_charge_no_routing_cost(registry, timed, in_graph):
+    """A graph's warm-up (CUDAGraphWrapper.capture) tunes for replays, which cost no host time: a gain under
+    the routing cost keeps our kernel and the family routed; the same gain in eager hands it back."""
+    timed.update(test_mm=5.0, torch_mm=5.0 + handback.ROUTING_COST_US["matmul"] / 2)
+    xtorch.set_kernel_policy(xrt.KernelPolicy({"matmul": "autotune"}, validate=registry))
+    with handback.for_graph() if in_graph else contextlib.nullcontext():
+        _train(12)
+    found = handback.verdicts()["matmul"]
+    assert {route for route, _ in found} == {in_graph}
+    assert all(("CUDA graph" in why) is in_graph for _, why in found)
+    assert ("matmul" in xtorch.handed_back()) is not in_graph
+    assert (CALLS["torch_mm"] == 0) is in_graph and (CALLS["matmul"] > 0) is in_graph
+    _train(1)  # outside the warm-up the tuned plans stay as they are
+    assert ("matmul" in xtorch.installed_overrides()) is in_graph
+
+
+def test_a_gain_within_the_timing_noise_runs_pytorch_kernel_in_a_graph_too(registry, timed):
+    timed.update(test_mm=100.0, torch_mm=100.0 + 100 * handback.TIMING_NOISE / 2)
+    xtorch.set_kernel_policy(xrt.KernelPolicy({"matmul": "autotune"}, validate=registry))
+    with handback.for_graph():
+        _train(12)
+    assert "matmul" in xtorch.handed_back() and CALLS["matmul"] == 0
 
 
 def test_explicit_kernel_names_are_never_handed_back(registry, timed):

@@ -18,6 +18,7 @@ from ..abi import SyncPolicy
 from ..errors import XpuRuntimeError
 from ..policy import current_policy
 from ..profiling import record_range
+from . import handback
 from .routing import get_dispatcher
 
 
@@ -60,11 +61,12 @@ class CUDAGraphWrapper:
         return self.graph is not None
 
     def capture(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """Warm up on a side stream (plans and handles made there), then capture one call; returns its outputs."""
+        """Warm up on a side stream (plans and handles made there; autotune charges no routing cost, see
+        `handback.for_graph`), then capture one call; returns its outputs."""
         _check_capturable()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side), record_range("xpuruntime.graph_warmup"):
+        with torch.cuda.stream(side), record_range("xpuruntime.graph_warmup"), handback.for_graph():
             for _ in range(self.warmup_iters):
                 fn(*args, **kwargs)
         torch.cuda.current_stream().wait_stream(side)
