@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import warnings
 
 import numpy as np
@@ -115,3 +116,23 @@ def test_profiler_records_ops_kernels_ranges_and_exports_chrome_trace(tmp_path):
     assert all(isinstance(e["ts"], float) and e["dur"] >= 0 for e in complete)
     summary = {row["op"]: row for row in prof.summary()}
     assert summary["matmul"]["calls"] == 1 and summary["matmul"]["gflops"] > 0
+
+
+class _BrokenPath(os.PathLike):
+    """A path-like object whose __fspath__ fails or returns bytes."""
+
+    def __init__(self, result: object) -> None:
+        self.result = result
+
+    def __fspath__(self):
+        if isinstance(self.result, type):
+            raise self.result("no path here")
+        return self.result
+
+
+@pytest.mark.parametrize("result", [ValueError, TypeError, b"trace.json", ""])
+def test_export_to_a_broken_path_like_names_the_argument(result) -> None:
+    with xrt.profiler() as prof:
+        pass
+    with pytest.raises(xrt.ArgumentError, match="argument 'path' expected a file path"):
+        prof.export_chrome_trace(_BrokenPath(result))

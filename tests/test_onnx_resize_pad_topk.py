@@ -133,7 +133,8 @@ def test_resize_cubic_coefficient_and_exclude_outside(a: float, exclude: int, le
     for target in ({"scales": [1, 1, 1.7, 0.8]}, {"sizes": [1, 2, 3, 17]}):
         attrs = {"mode": "cubic", "cubic_coeff_a": a, "exclude_outside": exclude}
         model = resize_model(attrs, [1, 2, 6, 9], **target)
-        same(ours(model, feed, level), onnxruntime(model, feed))
+        # float32 sums of four weighted taps of inputs up to ~10: the GPU path rounds apart by ~1e-5
+        same(ours(model, feed, level), onnxruntime(model, feed), atol=5e-5)
 
 
 @pytest.mark.parametrize("opset", [18, 19])

@@ -207,9 +207,13 @@ def _path_error(path: object, exc: OSError) -> ArgumentError:
 def check_trace_path(path: str | os.PathLike) -> Path:
     """The trace path as a Path, if a file can be written there: it is not empty, not a folder, and its
     folder exists and takes a new file (tried with a probe file, removed at once). Raises ArgumentError."""
-    if not isinstance(path, str | os.PathLike) or not os.fspath(path):
+    try:
+        named = os.fspath(path) if isinstance(path, str | os.PathLike) else None
+    except Exception as exc:  # a PathLike whose __fspath__ fails
+        named, path = None, f"{type(path).__name__} whose __fspath__ raised {type(exc).__name__}"
+    if not isinstance(named, str) or not named:
         raise ArgumentError(f"export_chrome_trace: argument 'path' expected a file path, got {clip(path)}")
-    path = Path(path)
+    path = Path(named)
     if path.is_dir():
         raise ArgumentError(f"export_chrome_trace: argument 'path' is a folder, not a file path: {clip(str(path))}")
     if not path.parent.is_dir():
