@@ -24,6 +24,8 @@ CONFIGS = {
     "graph layer_norm=triton": ["--capture-graph", "--policy", "layer_norm=triton"],
     "graph autotune": ["--capture-graph", "--autotune"],
     "graph matmul=cublasLt,layer_norm=triton": ["--capture-graph", "--policy", "matmul=cublasLt,layer_norm=triton"],
+    "graph autocast_linear=fused_cast": ["--capture-graph", "--policy", "autocast_linear=fused_cast"],
+    "eager autocast_linear=fused_cast": ["--policy", "autocast_linear=fused_cast"],
     "graph (again)": ["--capture-graph"],
     "eager (again)": [],
 }

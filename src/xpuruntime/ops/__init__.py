@@ -4,6 +4,7 @@ front-end function; kernels live in the backends. The registry finds every modul
 from .attention import attention
 from .attention_backward import attention_backward
 from .attention_forward import attention_forward
+from .autocast_linear import autocast_linear
 from .elementwise import sin_affine
 from .fused_elementwise import fused_elementwise
 from .linear import linear
@@ -15,7 +16,8 @@ from .reduction import sum
 from .softmax import softmax
 
 __all__ = [
-    "attention", "attention_backward", "attention_forward", "fused_elementwise", "layer_norm", "layer_norm_backward",
+    "attention", "attention_backward", "attention_forward", "autocast_linear", "fused_elementwise", "layer_norm",
+    "layer_norm_backward",
     "linear", "linear_grad_input",
     "linear_grad_weight", "matmul", "rms_norm", "rms_norm_backward", "sin_affine", "softmax", "split_weight_grad",
     "sum",

@@ -67,15 +67,19 @@ def weight_shape(ctx: DispatchContext) -> tuple[int, int]:
     return w
 
 
-def _normalize_attrs(ctx: DispatchContext) -> dict[str, Any]:
-    """Derive the GEMM: M (rows of x, leading dims flattened), N, K."""
+def gemm_dims(ctx: DispatchContext) -> dict[str, Any]:
+    """The GEMM of x @ weight.T + bias, checked: batch (x's leading dims), M (their product), N, K."""
     require_ndim(ctx, "x", 1)
     x, w = ctx.tensor("x").shape, weight_shape(ctx)
     if x[-1] != w[1]:
         raise argument_error(ShapeError, ctx.op, "x", f"last dimension {w[1]} (weight's in_features)", f"shape {x}")
     if ctx.has_tensor("bias") and ctx.tensor("bias").shape != (w[0],):
         raise argument_error(ShapeError, ctx.op, "bias", f"shape ({w[0]},)", ctx.tensor("bias").shape)
-    return {"activation": check_activation(ctx), "batch": x[:-1], "m": math.prod(x[:-1]), "n": w[0], "k": w[1]}
+    return {"batch": x[:-1], "m": math.prod(x[:-1]), "n": w[0], "k": w[1]}
+
+
+def _normalize_attrs(ctx: DispatchContext) -> dict[str, Any]:
+    return {"activation": check_activation(ctx), **gemm_dims(ctx)}
 
 
 def _infer_dtype(ctx: DispatchContext) -> str:

@@ -1,9 +1,14 @@
-"""aten::mm, aten::bmm and aten::addmm routed to the `matmul` (and `linear`) ops, at the backend key.
+"""aten::mm, aten::bmm and aten::addmm routed to the `matmul` (and `linear`) ops, at the backend key; and
+aten::linear under autocast routed to `autocast_linear`, at the Autocast key.
 
 Backward of a matrix product is made of matrix products (autograd calls mm/bmm for the gradients),
 so overriding at the backend key makes forward and backward follow the policy, under autocast,
 no_grad and inference_mode alike. PyTorch's own kernels stay reachable through the out= variants,
 which are separate aten operators and never overridden.
+
+`autocast_linear` sits above autograd: its kernels return outputs that carry their own graph (the
+`fused_cast` kernel is one C++ autograd node whose backward writes fp32 gradients straight from its
+GEMMs). Outside autocast, aten::linear never reaches that key and runs as before.
 """
 
 from __future__ import annotations
@@ -15,8 +20,8 @@ import torch
 
 from ..policy import KernelPolicy, current_policy
 from .families import family_policy
-from .native_routes import Decision, python_route
-from .routing import attrs_for, dispatch, memoized, nested, routed_ops, runs_pytorch_kernel
+from .native_routes import FUSED_CAST, PYTHON, PYTORCH, Decision, python_route
+from .routing import attrs_for, dispatch, get_dispatcher, memoized, nested, routed_ops, runs_pytorch_kernel
 
 # the out= overloads are separate aten operators (never overridden); the torch.* bindings reach them
 # with less Python overhead than torch.ops.aten.*.out
@@ -96,7 +101,52 @@ def addmm(bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, beta: float =
     return routed_addmm(bias, a, b, beta, alpha)[0]
 
 
+def _autocast_default(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype) -> Any:
+    """What autocast itself does with F.linear: every input cast to `dtype`."""
+    return torch.nn.functional.linear(x.to(dtype), weight.to(dtype), None if bias is None else bias.to(dtype))
+
+
+def _learned_action(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, attrs: tuple) -> int | None:
+    """What the native route may run for this signature from now on: the C++ fused_cast node, PyTorch's
+    autocast linear, or (any other kernel) the Python route."""
+    try:
+        plan = get_dispatcher().plan("autocast_linear", x, weight, bias, dtype=attrs[0], policy=current_policy())
+    except Exception:  # the call ran, so this is not expected; just learn nothing
+        return None
+    kernel = plan.kernel
+    if kernel.backend != "torch" or plan.finish is not None or plan.workspace_bytes:
+        return PYTHON
+    return {"fused_cast": FUSED_CAST, "torch": PYTORCH}.get(kernel.name, PYTHON)
+
+
+@python_route("linear", key="CompositeImplicitAutograd")
+def routed_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype
+) -> tuple[torch.Tensor, Decision]:
+    """aten::linear under autocast (computing in `dtype`): through `autocast_linear` when the policy names a
+    kernel for it, else autocast's own casts and F.linear. Runs with autocast off (the casts are ours)."""
+    if nested() or "autocast_linear" not in routed_ops(current_policy()):
+        return _autocast_default(x, weight, bias, dtype), None if nested() else PYTORCH
+    attrs = (str(dtype).removeprefix("torch."),)
+    out = dispatch("autocast_linear", (x, weight, bias), attrs)
+    if out is None:
+        return _autocast_default(x, weight, bias, dtype), PYTORCH
+    return out, lambda: _learned_action(x, weight, bias, attrs)
+
+
+_AUTOCAST_KEYS = {"cuda": torch._C.DispatchKey.AutocastCUDA, "cpu": torch._C.DispatchKey.AutocastCPU}
+
+
+def autocast_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """The Python form of the native override (used where the C++ extension cannot be built)."""
+    device = x.device.type
+    keys = torch._C.DispatchKeySet(_AUTOCAST_KEYS.get(device, torch._C.DispatchKey.AutocastCUDA))
+    with torch._C._ExcludeDispatchKeyGuard(keys):
+        return routed_linear(x, weight, bias, torch.get_autocast_dtype(device))[0]
+
+
 ROUTES = {
     "matmul": (("mm", "backend", mm), ("bmm", "backend", bmm), ("addmm", "backend", addmm)),
     "linear": (("addmm", "backend", addmm),),
+    "autocast_linear": (("linear", "autocast", autocast_linear),),
 }

@@ -1,9 +1,10 @@
-// The matrix-product aten overrides (mm, bmm, addmm) in C++, with the decisions already learned.
+// The matrix-product aten overrides (mm, bmm, addmm) and nn.Linear's autocast override in C++, with the
+// decisions already learned.
 //
 // A call whose signature the Python route has already seen under the current process policy, and that
-// it ran with PyTorch's own kernel, runs that kernel here without entering Python; every other call goes
-// to the Python route (the op xpuruntime_native::route_<name>, implemented in native_routes.py), which
-// tells this table what it decided. Python clears the table (a new epoch) whenever a decision could
+// it ran with PyTorch's own kernel (or, for linear, with the `fused_cast` kernel below), runs that kernel
+// here without entering Python; every other call goes to the Python route (the op
+// xpuruntime_native::route_<name>, implemented in native_routes.py), which tells this table what it decided. Python clears the table (a new epoch) whenever a decision could
 // change: the process policy, the registry, the dispatch observers, the installed overrides. Decisions are
 // kept per policy: the process one, or the scoped policy open on the calling thread. Every
 // `report_every` native calls, a Python callback hears of them (autotune's hand-back counts quiet calls).
@@ -11,11 +12,13 @@
 #include <Python.h>
 
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/autocast_mode.h>
 #include <ATen/ops/addmm.h>
 #include <ATen/ops/bmm.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/mm.h>
 #include <c10/util/Exception.h>
+#include <torch/autograd.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -23,6 +26,7 @@
 #include <cstring>
 #include <initializer_list>
 #include <memory>
+#include <stdexcept>
 #include <mutex>
 #include <shared_mutex>
 #include <string>
@@ -31,7 +35,9 @@
 
 namespace {
 
-enum RouteOp : int64_t { kMm = 0, kBmm = 1, kAddmm = 2 };
+enum RouteOp : int64_t { kMm = 0, kBmm = 1, kAddmm = 2, kLinear = 3 };
+// What a learned signature runs: the Python route, PyTorch's own kernel, or the fused_cast linear.
+enum Action : int8_t { kPython = 0, kPyTorch = 1, kFusedCast = 2 };
 constexpr size_t kMaxDecisions = 4096;
 
 using Key = std::vector<int64_t>;
@@ -71,25 +77,25 @@ bool add_scalar(Key& key, const at::Scalar& s) {
 
 struct Decisions {
   std::shared_mutex mutex;
-  std::unordered_map<Key, bool, KeyHash> native;  // signature -> ran PyTorch's own kernel?
+  std::unordered_map<Key, Action, KeyHash> native;  // signature -> what it runs
   int64_t epoch = 0;
   std::atomic<bool> enabled{false};
   std::atomic<int64_t> native_calls{0};
   std::atomic<int64_t> routed_calls{0};
 
-  // 1: PyTorch's kernel, 0: the Python route, -1: unknown (then *epoch is the epoch to learn in)
+  // The learned Action, or -1: unknown (then *epoch is the epoch to learn in)
   int find(const Key& key, int64_t* epoch_out) {
     std::shared_lock<std::shared_mutex> lock(mutex);
     auto it = native.find(key);
     *epoch_out = epoch;
-    return it == native.end() ? -1 : (it->second ? 1 : 0);
+    return it == native.end() ? -1 : it->second;
   }
 
-  void learn(Key&& key, int64_t seen_epoch, bool runs_native) {
+  void learn(Key&& key, int64_t seen_epoch, Action action) {
     std::unique_lock<std::shared_mutex> lock(mutex);
     if (seen_epoch != epoch) return;  // decided under a policy that has changed since
     if (native.size() >= kMaxDecisions) native.clear();
-    native[std::move(key)] = runs_native;
+    native[std::move(key)] = action;
   }
 
   int64_t reset(bool enable) {
@@ -137,18 +143,27 @@ thread_local std::vector<int64_t> scope_tokens;
 
 int64_t current_token() { return scope_tokens.empty() ? 0 : scope_tokens.back(); }
 
-// The epoch a Python-routed call may learn in, or -1; sets *native when the call can skip Python.
-int64_t lookup(const Key& key, bool* native) {
-  *native = false;
+// The epoch a Python-routed call may learn in, or -1; sets *action to what the call runs (kPython: the
+// Python route).
+int64_t lookup_action(const Key& key, Action* action) {
+  *action = kPython;
   Decisions& table = decisions();
   if (!table.enabled.load(std::memory_order_relaxed)) return -1;
   int64_t epoch = -1;
   int found = table.find(key, &epoch);
-  if (found == 1) {
+  if (found > 0) {
     count_native_call();
-    *native = true;
+    *action = static_cast<Action>(found);
   }
   return found == -1 ? epoch : -1;
+}
+
+// lookup_action for the matrix products, whose only native action is PyTorch's kernel.
+int64_t lookup(const Key& key, bool* native) {
+  Action action = kPython;
+  int64_t epoch = lookup_action(key, &action);
+  *native = action == kPyTorch;
+  return epoch;
 }
 
 template <typename Signature>
@@ -210,6 +225,106 @@ at::Tensor addmm(const at::Tensor& bias, const at::Tensor& a, const at::Tensor& 
   return route.call(bias, a, b, beta, alpha, epoch);
 }
 
+// -- nn.Linear under autocast ----------------------------------------------------------------------
+
+at::Tensor product(const at::Tensor& a, const at::Tensor& b, at::ScalarType out_dtype) {
+  if (a.scalar_type() == out_dtype) return at::mm(a, b);
+  if (a.is_cuda()) return at::mm(a, b, out_dtype);  // fp32 straight from the GEMM's accumulator
+  return at::mm(a, b).to(out_dtype);
+}
+
+// The `fused_cast` kernel of autocast_linear: y = x W^T + b computed in `dtype` (bf16 / fp16) from the
+// fp32 master weight and bias, as autocast does, but as one autograd node whose backward writes each
+// gradient in its input's dtype straight from the GEMM (no cast kernels) and sums the bias gradient in
+// that dtype: per layer, three backward kernels where autocast's graph runs five or six.
+struct FusedCastLinear : public torch::autograd::Function<FusedCastLinear> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
+                            const std::optional<at::Tensor>& bias, at::ScalarType dtype) {
+    const bool has_bias = bias.has_value() && bias->defined();
+    at::Tensor rows = x.to(dtype).reshape({-1, x.size(-1)});
+    at::Tensor w = weight.to(dtype);
+    at::Tensor y = has_bias ? at::addmm(bias->to(dtype), rows, w.t()) : at::mm(rows, w.t());
+    ctx->save_for_backward({rows, w});
+    ctx->saved_data["x_shape"] = x.sizes().vec();
+    ctx->saved_data["dtypes"] = std::vector<int64_t>{static_cast<int64_t>(x.scalar_type()),
+                                                     static_cast<int64_t>(weight.scalar_type()),
+                                                     has_bias ? static_cast<int64_t>(bias->scalar_type()) : -1};
+    std::vector<int64_t> shape = x.sizes().vec();
+    shape.back() = weight.size(0);
+    return y.view(shape);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const at::Tensor& rows = saved[0];
+    const at::Tensor& w = saved[1];
+    std::vector<int64_t> dtypes = ctx->saved_data["dtypes"].toIntVector();
+    at::Tensor dy = grads[0].reshape({-1, w.size(0)});
+    at::Tensor dx, dw, db;
+    if (ctx->needs_input_grad(0)) {
+      dx = product(dy, w, static_cast<at::ScalarType>(dtypes[0])).view(ctx->saved_data["x_shape"].toIntVector());
+    }
+    if (ctx->needs_input_grad(1)) dw = product(dy.t(), rows, static_cast<at::ScalarType>(dtypes[1]));
+    if (dtypes[2] >= 0 && ctx->needs_input_grad(2)) {
+      db = dy.sum(0, false, static_cast<at::ScalarType>(dtypes[2]));
+    }
+    return {dx, dw, db, at::Tensor()};
+  }
+};
+
+// "(2, 3)": a shape for error messages (streaming IntArrayRef into TORCH_CHECK crashed with PyTorch 2.11).
+std::string shape_text(const at::Tensor& t) {
+  std::string text = "(";
+  for (int64_t d = 0; d < t.dim(); ++d) text += (d ? ", " : "") + std::to_string(t.size(d));
+  return text + (t.dim() == 1 ? ",)" : ")");
+}
+
+at::Tensor fused_cast_linear(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                             at::ScalarType dtype) {
+  if (weight.dim() != 2) {
+    throw std::invalid_argument("fused_cast_linear: 'weight' must be 2-d (out_features, in_features), has shape " +
+                                shape_text(weight));
+  }
+  if (x.dim() < 1 || x.size(-1) != weight.size(1)) {
+    throw std::invalid_argument("fused_cast_linear: 'x' must end in in_features " + std::to_string(weight.size(1)) +
+                                ", has shape " + shape_text(x));
+  }
+  return FusedCastLinear::apply(x, weight, bias, dtype);
+}
+
+// A tensor with real storage: fake and other Python-subclass tensors (torch.compile's tracing) take
+// autocast's own path.
+bool has_data(const at::Tensor& t) {
+  return !t.key_set().has(c10::DispatchKey::Python) && t.has_storage();
+}
+
+// aten::linear at the Autocast key: a signature learned as fused_cast runs FusedCastLinear here, one learned
+// as PyTorch's runs autocast's own linear (cast, then linear below autocast), the rest go to Python.
+at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
+  const c10::DeviceType device = x.device().type();
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(
+      device == c10::DeviceType::CPU ? c10::DispatchKey::AutocastCPU : c10::DispatchKey::AutocastCUDA);
+  const at::ScalarType dtype = at::autocast::get_autocast_dtype(device);
+  const bool has_bias = bias.has_value() && bias->defined();
+  if (has_data(x) && has_data(weight) && (!has_bias || has_data(*bias))) {
+    Key key = has_bias ? call_key(kLinear, {&x, &weight, &*bias}) : call_key(kLinear, {&x, &weight});
+    key.push_back(static_cast<int64_t>(dtype));
+    Action action = kPython;
+    int64_t epoch = lookup_action(key, &action);
+    if (action == kFusedCast) return FusedCastLinear::apply(x, weight, bias, dtype);
+    if (action == kPython) {
+      decisions().routed_calls.fetch_add(1, std::memory_order_relaxed);
+      static auto route = python_route<at::Tensor(const at::Tensor&, const at::Tensor&,
+                                                  const std::optional<at::Tensor>&, at::ScalarType, int64_t)>(
+          "xpuruntime_native::route_linear");
+      return route.call(x, weight, bias, dtype, epoch);
+    }
+  }
+  return at::linear(at::autocast::cached_cast(dtype, x, device), at::autocast::cached_cast(dtype, weight, device),
+                    at::autocast::cached_cast(dtype, bias, device));
+}
+
 // -- control, called from Python -------------------------------------------------------------------
 
 std::unordered_map<int64_t, std::unique_ptr<torch::Library>>& libraries() {
@@ -232,6 +347,8 @@ int64_t install(const std::string& name, const std::string& dispatch_key) {
     library->impl("bmm", TORCH_FN(bmm));
   } else if (name == "addmm") {
     library->impl("addmm", TORCH_FN(addmm));
+  } else if (name == "linear") {
+    library->impl("linear", TORCH_FN(linear));
   } else {
     TORCH_CHECK(false, "xpuruntime native routes: no route for aten::", name);
   }
@@ -244,15 +361,18 @@ void uninstall(int64_t handle) { libraries().erase(handle); }
 
 // `token`: the policy the Python route followed; a call whose thread holds another (an asyncio task that
 // inherited a scope's context) teaches nothing.
+// `dtype`: the autocast dtype of a linear call (its key's last word).
 void learn(int64_t op, const std::vector<at::Tensor>& tensors, const std::vector<at::Scalar>& scalars,
-           int64_t epoch, int64_t token, bool runs_native) {
+           std::optional<at::ScalarType> dtype, int64_t epoch, int64_t token, int64_t action) {
+  TORCH_CHECK(action >= kPython && action <= kFusedCast, "xpuruntime native routes: unknown action ", action);
   if (token != current_token()) return;
   Key key{op, token};
   for (const at::Tensor& t : tensors) add_tensor(key, t);
   for (const at::Scalar& s : scalars) {
     if (!add_scalar(key, s)) return;
   }
-  decisions().learn(std::move(key), epoch, runs_native);
+  if (dtype.has_value()) key.push_back(static_cast<int64_t>(*dtype));
+  decisions().learn(std::move(key), epoch, static_cast<Action>(action));
 }
 
 int64_t reset(bool enabled) { return decisions().reset(enabled); }
@@ -293,9 +413,11 @@ TORCH_LIBRARY(xpuruntime_native, m) {
   m.def("route_mm(Tensor a, Tensor b, int epoch) -> Tensor");
   m.def("route_bmm(Tensor a, Tensor b, int epoch) -> Tensor");
   m.def("route_addmm(Tensor bias, Tensor a, Tensor b, Scalar beta, Scalar alpha, int epoch) -> Tensor");
+  m.def("route_linear(Tensor x, Tensor weight, Tensor? bias, ScalarType dtype, int epoch) -> Tensor");
+  m.def("fused_cast_linear(Tensor x, Tensor weight, Tensor? bias, ScalarType dtype) -> Tensor", &fused_cast_linear);
   m.def("install(str name, str dispatch_key) -> int", &install);
   m.def("uninstall(int handle) -> ()", &uninstall);
-  m.def("learn(int op, Tensor[] tensors, Scalar[] scalars, int epoch, int token, bool native) -> ()", &learn);
+  m.def("learn(int op, Tensor[] tensors, Scalar[] scalars, ScalarType? dtype, int epoch, int token, int action) -> ()", &learn);
   m.def("reset(bool enabled) -> int", &reset);
   m.def("enter_scope(int token) -> ()", &enter_scope);
   m.def("exit_scope() -> ()", &exit_scope);

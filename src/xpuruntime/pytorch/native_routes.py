@@ -1,5 +1,6 @@
-"""Native routes: the mm / bmm / addmm overrides in C++ (`native_routes.cpp`), so that a call already
-known to run PyTorch's own kernel costs no Python.
+"""Native routes: the mm / bmm / addmm overrides and nn.Linear's autocast override in C++
+(`native_routes.cpp`), so that a call already known to run PyTorch's own kernel (or, for linear, the C++
+`fused_cast` kernel) costs no Python.
 
 The C++ override keys each call as the dispatcher's plan key does (dtype, shape, strides, device,
 16-byte alignment). A signature it has not seen goes to the Python route (`aten_matmul`), which reports
@@ -28,7 +29,8 @@ from ..errors import XpuRuntimeError
 from ..policy import KernelPolicy, _scoped, process_policy
 from ..runtime import extension
 
-ROUTE_IDS = {"mm": 0, "bmm": 1, "addmm": 2}  # RouteOp in the C++ source
+ROUTE_IDS = {"mm": 0, "bmm": 1, "addmm": 2, "linear": 3}  # RouteOp in the C++ source
+PYTHON, PYTORCH, FUSED_CAST = 0, 1, 2  # Action in the C++ source: what a learned signature runs
 
 
 class _Extension:
@@ -58,24 +60,26 @@ def load() -> Any | None:
 
 def status() -> str:
     if _ext.ops is not None:
-        return "native (C++) matrix-product routes"
+        return "native (C++) matrix-product and autocast-linear routes"
     return extension.status()
 
 
 # -- the Python side of each route -------------------------------------------------------------------
 
-# True: the call ran PyTorch's own kernel for reasons fixed by its signature and the policy; False: it
-# ran one of ours; None: nothing may be learned from it (e.g. a nested call); or a function that says
-# which, asked only when the decision is to be learned
-Decision = bool | None | Callable[[], bool | None]
-_routes: dict[str, Callable[..., tuple[torch.Tensor, Decision]]] = {}
+# True (PYTORCH): the call ran PyTorch's own kernel for reasons fixed by its signature and the policy;
+# False (PYTHON): it ran one of ours, through Python; FUSED_CAST: the C++ fused_cast linear; None: nothing
+# may be learned from it (e.g. a nested call); or a function that says which, asked only when the
+# decision is to be learned
+Decision = bool | int | None | Callable[[], bool | int | None]
+_routes: dict[str, tuple[Callable[..., tuple[torch.Tensor, Decision]], str]] = {}
 
 
-def python_route(name: str) -> Callable:
-    """Register `fn(*args) -> (out, decision)` as the Python route of aten::name."""
+def python_route(name: str, key: str = "CompositeExplicitAutograd") -> Callable:
+    """Register `fn(*args) -> (out, decision)` as the Python route of aten::name, at dispatch `key`
+    (CompositeImplicitAutograd for a route above autograd, whose outputs carry their own graph)."""
 
     def register(fn: Callable) -> Callable:
-        _routes[name] = fn
+        _routes[name] = (fn, key)
         return fn
 
     return register
@@ -83,8 +87,8 @@ def python_route(name: str) -> Callable:
 
 def _register_python_routes() -> torch.library.Library:
     library = torch.library.Library("xpuruntime_native", "IMPL")
-    for name, fn in _routes.items():
-        library.impl(f"route_{name}", _reporting(name, fn), "CompositeExplicitAutograd")
+    for name, (fn, key) in _routes.items():
+        library.impl(f"route_{name}", _reporting(name, fn), key)
     return library
 
 
@@ -100,8 +104,9 @@ def _reporting(name: str, route: Callable) -> Callable:
             if decision is None:
                 return out
             tensors = [x for x in call if isinstance(x, torch.Tensor)]
-            scalars = [x for x in call if not isinstance(x, torch.Tensor)]
-            _ext.ops.learn(op_id, tensors, scalars, epoch, scope_token(_scoped.get()), decision)
+            scalars = [x for x in call if isinstance(x, int | float | complex)]
+            dtype = next((x for x in call if isinstance(x, torch.dtype)), None)
+            _ext.ops.learn(op_id, tensors, scalars, dtype, epoch, scope_token(_scoped.get()), int(decision))
         return out
 
     return run

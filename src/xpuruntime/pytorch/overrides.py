@@ -37,7 +37,10 @@ for _module in (aten_matmul, aten_attention, aten_norm):
 
 _BUILTIN_MARKERS = ("aten/src/ATen", "torch/csrc", "build/aten")
 _OWN_SOURCES = {str(Path(__file__).resolve()), __file__, *map(str, extension.SOURCES)}  # where our overrides register
-_DEVICE_KEYS = {"cuda": ("CUDA", "AutogradCUDA"), "cpu": ("CPU", "AutogradCPU")}
+_DEVICE_KEYS = {  # the dispatch key of each override level, per device type
+    "cuda": {"backend": "CUDA", "autograd": "AutogradCUDA", "autocast": "AutocastCUDA"},
+    "cpu": {"backend": "CPU", "autograd": "AutogradCPU", "autocast": "AutocastCPU"},
+}
 
 
 class OverrideConflictError(XpuRuntimeError):
@@ -70,9 +73,8 @@ def _functions(op: str) -> dict[tuple[str, str], Callable]:
     """(aten op, dispatch key) -> override function, for every routed device type."""
     functions = {}
     for device in _state.devices:
-        backend_key, autograd_key = _DEVICE_KEYS[device]
         for aten_name, level, fn in ROUTES.get(op, ()):
-            functions[(aten_name, backend_key if level == "backend" else autograd_key)] = fn
+            functions[(aten_name, _DEVICE_KEYS[device][level])] = fn
     return functions
 
 

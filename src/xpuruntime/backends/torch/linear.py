@@ -1,17 +1,22 @@
 """linear and its backward ops through PyTorch: cuBLAS GEMMs, bias and activation by PyTorch's kernels.
 
 With a bias and an activation it uses `torch._addmm_activation` on CUDA tensors (cuBLASLt's
-RELU/GELU bias epilogue inside PyTorch where PyTorch supports it, else addmm + tanh GELU).
+RELU/GELU bias epilogue inside PyTorch where PyTorch supports it, else addmm + tanh GELU). Also
+`autocast_linear` (F.linear under autocast): autocast's own casts, or `fused_cast`'s single node.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from ...abi import ArgPack
+from ...context import DispatchContext
 from ...registry import kernel
-from .common import GPU_FLOAT_DTYPES, rows
+from ...runtime import extension
+from .common import GPU_FLOAT_DTYPES, returned, rows
 
 _ADDMM_ACTIVATION = getattr(torch, "_addmm_activation", None)
 
@@ -71,3 +76,35 @@ def linear_grad_weight_torch(args: ArgPack) -> None:
         return
     torch.mm(dy2.t(), rows(x), out=args.out[: n * k].view(n, k))
     torch.sum(dy2, dim=0, out=args.out[n * k :])
+
+
+# -- autocast_linear: nn.Linear under autocast ---------------------------------------------------------
+
+
+@kernel(
+    "autocast_linear", "torch", backend="torch", dtypes=GPU_FLOAT_DTYPES, priority=20, tensor_cores=True,
+    returns_output=True,
+)  # fmt: skip
+def autocast_linear_torch(args: ArgPack) -> Any:
+    """What autocast itself does: each input cast to `dtype`, then F.linear (autograd records each cast)."""
+    x, weight, bias = args.inputs
+    dtype = getattr(torch, args.attrs["dtype"])
+    return returned(args, F.linear(x.to(dtype), weight.to(dtype), None if bias is None else bias.to(dtype)))
+
+
+def _needs_extension(ctx: DispatchContext) -> list[str]:
+    if extension.load() is None:
+        return [f"needs xpuruntime's C++ extension, which is not available ({extension.status()})"]
+    return []
+
+
+@kernel(
+    "autocast_linear", "fused_cast", backend="torch", dtypes=GPU_FLOAT_DTYPES, priority=25, tensor_cores=True,
+    returns_output=True, conditions=(_needs_extension,),
+)  # fmt: skip
+def autocast_linear_fused_cast(args: ArgPack) -> Any:
+    """One autograd node (C++): the forward casts as autocast does; the backward writes each gradient in
+    its input's dtype straight from the GEMM, with no cast kernels (3 backward kernels instead of 5-6)."""
+    x, weight, bias = args.inputs
+    dtype = getattr(torch, args.attrs["dtype"])
+    return returned(args, torch.ops.xpuruntime_native.fused_cast_linear(x, weight, bias, dtype))
