@@ -237,6 +237,7 @@ def test_fused_cast_on_cuda_matches_autocast_logs_and_learns():
         assert g.dtype == torch.float32
         err, ref_err = (g.double() - e).norm() / e.norm(), (r.double() - e).norm() / e.norm()
         assert err <= ref_err * 1.05 + 1e-6, (err, ref_err)  # no less exact than autocast's bf16 gradients
+    _step_grads(layers, x)  # nothing is learned while logging: this call learns, through Python
     before = native_routes.stats()
     again, again_grads = _step_grads(layers, x)  # learned: the C++ node, no Python
     after = native_routes.stats()
