@@ -278,3 +278,73 @@ def test_fused_cast_is_captured_in_a_cuda_graph_and_replays_like_eager():
         torch.testing.assert_close(p, r, rtol=0, atol=0)
     torch.testing.assert_close(loss, eager_loss, rtol=0, atol=0)
     assert any(not torch.equal(a, b) for a, b in zip(eager_layers, replayed))
+
+
+def test_float64_stays_float64_as_under_autocast(cpu_routing):
+    """Autocast leaves float64 tensors uncast; so does the override (the fused node never sees them)."""
+    xtorch.set_kernel_policy(xrt.KernelPolicy({"autocast_linear": "fused_cast"}, validate=cpu_routing))
+    lin, x = torch.nn.Linear(8, 4).double(), torch.randn(6, 8, dtype=torch.float64, requires_grad=True)
+    for _ in range(2):  # the Python route, then whatever the native one learned
+        y = _linear_under_autocast(lin, x)
+        assert y.dtype == torch.float64 and "FusedCastLinear" not in y.grad_fn.name()
+        torch.testing.assert_close(y, x @ lin.weight.t() + lin.bias, rtol=1e-12, atol=1e-12)
+    assert CALLS["fused_cast"] == 0
+
+
+def _learned_fused(cpu_routing, lin: torch.nn.Module, x: torch.Tensor) -> None:
+    xtorch.set_kernel_policy(xrt.KernelPolicy({"autocast_linear": "fused_cast"}, validate=cpu_routing))
+    _linear_under_autocast(lin, x)  # the Python route learns: the C++ node from now on
+
+
+def test_the_output_may_be_modified_in_place(cpu_routing):
+    """Found in review: a view made inside the node refused in-place ops (nn.ReLU(inplace=True), out += x)."""
+    lin = torch.nn.Linear(8, 4)
+    x = torch.randn(3, 8, requires_grad=True)
+    _learned_fused(cpu_routing, lin, x)
+    y = _linear_under_autocast(torch.nn.Sequential(lin, torch.nn.ReLU(inplace=True)), x)
+    assert "FusedCastLinear" in y.grad_fn.next_functions[0][0].name()
+    y.float().sum().backward()
+    assert (y >= 0).all() and x.grad is not None and lin.weight.grad.dtype == torch.float32
+
+
+def test_double_backward_raises_instead_of_a_wrong_gradient(ops):
+    x = torch.randn(3, 8, requires_grad=True)
+    w = torch.randn(4, 8, requires_grad=True)
+    y = ops.fused_cast_linear(x, w, None, torch.bfloat16)
+    with pytest.raises(RuntimeError, match="fused_cast kernel has no double backward"):
+        torch.autograd.grad(y.float().square().sum(), w, create_graph=True)
+
+
+def test_nested_and_forward_ad_inputs_take_autocasts_own_path(cpu_routing):
+    lin = torch.nn.Linear(8, 4)
+    _learned_fused(cpu_routing, lin, torch.randn(3, 8))
+    nested = torch.nested.nested_tensor([torch.randn(2, 8), torch.randn(3, 8)])
+    out = _linear_under_autocast(lin, nested)
+    assert out.is_nested and out.dtype == torch.float16
+    import torch.autograd.forward_ad as fwAD
+
+    x, tangent = torch.randn(3, 8), torch.randn(3, 8)
+    with fwAD.dual_level():
+        y = _linear_under_autocast(lin, fwAD.make_dual(x, tangent))
+        jvp = fwAD.unpack_dual(y).tangent
+    torch.testing.assert_close(
+        jvp.float(), tangent.half().float() @ lin.weight.half().float().t(), rtol=1e-2, atol=1e-2
+    )
+
+
+@pytest.mark.gpu
+def test_fused_cast_on_cuda_takes_inputs_of_another_half_dtype():
+    """Found in review: CUDA's mm(out_dtype) takes only fp16/bf16 -> fp32, so an fp16 x under bf16
+    autocast (a .half() submodule's output) needs the cast after the product."""
+    lin = torch.nn.Linear(64, 32, device="cuda").half()
+    x = torch.randn(16, 64, device="cuda", dtype=torch.float16, requires_grad=True)
+    xtorch.set_kernel_policy(autocast_linear="fused_cast")
+    for _ in range(3):  # the Python route, then the learned C++ node
+        with xtorch.autocast(dtype=torch.bfloat16):
+            y = lin(x)
+        grads = torch.autograd.grad(y.float().sum(), (x, lin.weight, lin.bias))
+    assert "FusedCastLinear" in y.grad_fn.name() and y.dtype == torch.bfloat16
+    assert [g.dtype for g in grads] == [torch.float16] * 3
+    ones = torch.ones(16, 32, device="cuda")
+    torch.testing.assert_close(grads[0].float(), ones @ lin.weight.float(), rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(grads[2].float(), ones.sum(0), rtol=1e-3, atol=1e-3)

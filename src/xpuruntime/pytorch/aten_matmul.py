@@ -18,7 +18,10 @@ from typing import Any
 
 import torch
 
+from ..backends.torch.common import autocast_cast
 from ..policy import KernelPolicy, current_policy
+from . import handback
+from .autograd_common import plain
 from .families import family_policy
 from .native_routes import FUSED_CAST, PYTHON, PYTORCH, Decision, python_route
 from .routing import attrs_for, dispatch, get_dispatcher, memoized, nested, routed_ops, runs_pytorch_kernel
@@ -102,15 +105,16 @@ def addmm(bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, beta: float =
 
 
 def _autocast_default(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype) -> Any:
-    """What autocast itself does with F.linear: every input cast to `dtype`."""
-    return torch.nn.functional.linear(x.to(dtype), weight.to(dtype), None if bias is None else bias.to(dtype))
+    """What autocast itself does with F.linear: every eligible input cast to `dtype`."""
+    return torch.nn.functional.linear(*(autocast_cast(t, dtype) for t in (x, weight, bias)))
 
 
 def _learned_action(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, attrs: tuple) -> int | None:
     """What the native route may run for this signature from now on: the C++ fused_cast node, PyTorch's
     autocast linear, or (any other kernel) the Python route."""
     try:
-        plan = get_dispatcher().plan("autocast_linear", x, weight, bias, dtype=attrs[0], policy=current_policy())
+        policy = handback.routed_view(current_policy())  # the policy `dispatch` ran the call under
+        plan = get_dispatcher().plan("autocast_linear", x, weight, bias, dtype=attrs[0], policy=policy)
     except Exception:  # the call ran, so this is not expected; just learn nothing
         return None
     kernel = plan.kernel
@@ -125,8 +129,10 @@ def routed_linear(
 ) -> tuple[torch.Tensor, Decision]:
     """aten::linear under autocast (computing in `dtype`): through `autocast_linear` when the policy names a
     kernel for it, else autocast's own casts and F.linear. Runs with autocast off (the casts are ours)."""
-    if nested() or "autocast_linear" not in routed_ops(current_policy()):
-        return _autocast_default(x, weight, bias, dtype), None if nested() else PYTORCH
+    if nested() or not plain(x, weight, bias):  # nothing is learned from these calls
+        return _autocast_default(x, weight, bias, dtype), None
+    if "autocast_linear" not in routed_ops(current_policy()):
+        return _autocast_default(x, weight, bias, dtype), PYTORCH
     attrs = (str(dtype).removeprefix("torch."),)
     out = dispatch("autocast_linear", (x, weight, bias), attrs)
     if out is None:

@@ -13,10 +13,13 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/autocast_mode.h>
+#include <ATen/ops/_unsafe_view.h>
 #include <ATen/ops/addmm.h>
 #include <ATen/ops/bmm.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/mm.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <c10/util/Exception.h>
 #include <torch/autograd.h>
 #include <torch/library.h>
@@ -229,8 +232,9 @@ at::Tensor addmm(const at::Tensor& bias, const at::Tensor& a, const at::Tensor& 
 
 at::Tensor product(const at::Tensor& a, const at::Tensor& b, at::ScalarType out_dtype) {
   if (a.scalar_type() == out_dtype) return at::mm(a, b);
-  if (a.is_cuda()) return at::mm(a, b, out_dtype);  // fp32 straight from the GEMM's accumulator
-  return at::mm(a, b).to(out_dtype);
+  const bool half = a.scalar_type() == at::kHalf || a.scalar_type() == at::kBFloat16;
+  if (a.is_cuda() && half && out_dtype == at::kFloat) return at::mm(a, b, out_dtype);  // fp32 from the accumulator
+  return at::mm(a, b).to(out_dtype);  // the pairs CUDA's mm(out_dtype) does not take, and CPU
 }
 
 // The `fused_cast` kernel of autocast_linear: y = x W^T + b computed in `dtype` (bf16 / fp16) from the
@@ -251,11 +255,16 @@ struct FusedCastLinear : public torch::autograd::Function<FusedCastLinear> {
                                                      has_bias ? static_cast<int64_t>(bias->scalar_type()) : -1};
     std::vector<int64_t> shape = x.sizes().vec();
     shape.back() = weight.size(0);
-    return y.view(shape);
+    return at::_unsafe_view(y, shape);  // as at::linear does: the output may be modified in place
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
+    if (at::GradMode::is_enabled()) {  // the casts were made without grad: their gradients would be wrong
+      throw std::runtime_error(
+          "autocast_linear: the fused_cast kernel has no double backward (create_graph=True); use "
+          "autocast_linear='torch' for gradients of gradients");
+    }
     auto saved = ctx->get_saved_variables();
     const at::Tensor& rows = saved[0];
     const at::Tensor& w = saved[1];
@@ -293,10 +302,20 @@ at::Tensor fused_cast_linear(const at::Tensor& x, const at::Tensor& weight, cons
   return FusedCastLinear::apply(x, weight, bias, dtype);
 }
 
-// A tensor with real storage: fake and other Python-subclass tensors (torch.compile's tracing) take
-// autocast's own path.
-bool has_data(const at::Tensor& t) {
-  return !t.key_set().has(c10::DispatchKey::Python) && t.has_storage();
+// A tensor the fused node may take: a plain strided tensor with storage (fake and other Python-subclass
+// tensors, as in torch.compile's tracing, functorch wrappers and nested tensors take autocast's own
+// path), without a forward-mode gradient (the node has no jvp), and not float64 (autocast leaves it uncast).
+bool fusable(const at::Tensor& t) {
+  constexpr c10::DispatchKeySet wrapped({c10::DispatchKey::Python, c10::DispatchKey::FuncTorchBatched,
+                                         c10::DispatchKey::FuncTorchGradWrapper});
+  return !t.key_set().has_any(wrapped) && !t.is_nested() && t.layout() == at::kStrided && t.has_storage() &&
+         t.scalar_type() != at::kDouble && !t._fw_grad(/*level=*/0).defined();
+}
+
+// No tracing mode or functorch transform is active on this thread.
+bool untraced() {
+  return c10::impl::TorchDispatchModeTLS::stack_len() == 0 &&
+         !c10::impl::tls_is_dispatch_key_included(c10::DispatchKey::FuncTorchDynamicLayerFrontMode);
 }
 
 // aten::linear at the Autocast key: a signature learned as fused_cast runs FusedCastLinear here, one learned
@@ -307,7 +326,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::opti
       device == c10::DeviceType::CPU ? c10::DispatchKey::AutocastCPU : c10::DispatchKey::AutocastCUDA);
   const at::ScalarType dtype = at::autocast::get_autocast_dtype(device);
   const bool has_bias = bias.has_value() && bias->defined();
-  if (has_data(x) && has_data(weight) && (!has_bias || has_data(*bias))) {
+  if (untraced() && fusable(x) && fusable(weight) && (!has_bias || fusable(*bias))) {
     Key key = has_bias ? call_key(kLinear, {&x, &weight, &*bias}) : call_key(kLinear, {&x, &weight});
     key.push_back(static_cast<int64_t>(dtype));
     Action action = kPython;

@@ -20,6 +20,7 @@ HALF_DTYPES = frozenset({"float16", "bfloat16"})
 __all__ = [
     "GPU_FLOAT_DTYPES",
     "TORCH_DTYPES",
+    "autocast_cast",
     "current_stream",
     "empty",
     "probe",
@@ -66,6 +67,13 @@ def returned(args: Any, y: torch.Tensor) -> torch.Tensor:
         return y
     out.copy_(y if y.shape == out.shape else y.reshape(out.shape))
     return out
+
+
+def autocast_cast(t: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    """`t` cast to `dtype` as autocast casts an argument: floating tensors other than float64 only."""
+    if t is None or not t.is_floating_point() or t.dtype == torch.float64:
+        return t
+    return t.to(dtype)
 
 
 def rows(t: torch.Tensor) -> torch.Tensor:

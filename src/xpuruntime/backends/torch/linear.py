@@ -16,7 +16,7 @@ from ...abi import ArgPack
 from ...context import DispatchContext
 from ...registry import kernel
 from ...runtime import extension
-from .common import GPU_FLOAT_DTYPES, returned, rows
+from .common import GPU_FLOAT_DTYPES, autocast_cast, returned, rows
 
 _ADDMM_ACTIVATION = getattr(torch, "_addmm_activation", None)
 
@@ -87,12 +87,13 @@ def linear_grad_weight_torch(args: ArgPack) -> None:
 )  # fmt: skip
 def autocast_linear_torch(args: ArgPack) -> Any:
     """What autocast itself does: each input cast to `dtype`, then F.linear (autograd records each cast)."""
-    x, weight, bias = args.inputs
     dtype = getattr(torch, args.attrs["dtype"])
-    return returned(args, F.linear(x.to(dtype), weight.to(dtype), None if bias is None else bias.to(dtype)))
+    return returned(args, F.linear(*(autocast_cast(t, dtype) for t in args.inputs)))
 
 
-def _needs_extension(ctx: DispatchContext) -> list[str]:
+def _check_fused_cast(ctx: DispatchContext) -> list[str]:
+    if any(t.dtype == "float64" for t in ctx.tensors):
+        return ["autocast leaves float64 inputs as they are; fused_cast casts every input to the autocast dtype"]
     if extension.load() is None:
         return [f"needs xpuruntime's C++ extension, which is not available ({extension.status()})"]
     return []
@@ -100,7 +101,7 @@ def _needs_extension(ctx: DispatchContext) -> list[str]:
 
 @kernel(
     "autocast_linear", "fused_cast", backend="torch", dtypes=GPU_FLOAT_DTYPES, priority=25, tensor_cores=True,
-    returns_output=True, conditions=(_needs_extension,),
+    returns_output=True, conditions=(_check_fused_cast,),
 )  # fmt: skip
 def autocast_linear_fused_cast(args: ArgPack) -> Any:
     """One autograd node (C++): the forward casts as autocast does; the backward writes each gradient in
