@@ -18,13 +18,12 @@ from typing import Any
 
 import torch
 
-from ..backends.torch.common import autocast_cast
+from ..backends.torch.common import autocast_linear as _autocast_default
 from ..policy import KernelPolicy, current_policy
-from . import handback
 from .autograd_common import plain
 from .families import family_policy
 from .native_routes import FUSED_CAST, PYTHON, PYTORCH, Decision, python_route
-from .routing import attrs_for, dispatch, get_dispatcher, memoized, nested, routed_ops, runs_pytorch_kernel
+from .routing import attrs_for, dispatch, memoized, nested, routed_ops, runs_pytorch_kernel, torch_kernel_ran
 
 # the out= overloads are separate aten operators (never overridden); the torch.* bindings reach them
 # with less Python overhead than torch.ops.aten.*.out
@@ -104,23 +103,11 @@ def addmm(bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, beta: float =
     return routed_addmm(bias, a, b, beta, alpha)[0]
 
 
-def _autocast_default(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype) -> Any:
-    """What autocast itself does with F.linear: every eligible input cast to `dtype`."""
-    return torch.nn.functional.linear(*(autocast_cast(t, dtype) for t in (x, weight, bias)))
-
-
 def _learned_action(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, attrs: tuple) -> int | None:
     """What the native route may run for this signature from now on: the C++ fused_cast node, PyTorch's
     autocast linear, or (any other kernel) the Python route."""
-    try:
-        policy = handback.routed_view(current_policy())  # the policy `dispatch` ran the call under
-        plan = get_dispatcher().plan("autocast_linear", x, weight, bias, dtype=attrs[0], policy=policy)
-    except Exception:  # the call ran, so this is not expected; just learn nothing
-        return None
-    kernel = plan.kernel
-    if kernel.backend != "torch" or plan.finish is not None or plan.workspace_bytes:
-        return PYTHON
-    return {"fused_cast": FUSED_CAST, "torch": PYTORCH}.get(kernel.name, PYTHON)
+    name = torch_kernel_ran("autocast_linear", (x, weight, bias), dtype=attrs[0])
+    return None if name is None else {"fused_cast": FUSED_CAST, "torch": PYTORCH}.get(name, PYTHON)
 
 
 @python_route("linear", key="CompositeImplicitAutograd")

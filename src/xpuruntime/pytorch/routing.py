@@ -126,17 +126,24 @@ def dispatch(op: str, inputs: tuple, attrs: tuple = (), warn: bool = True, polic
 PYTORCH_OWN_KERNELS = {"matmul": "torch", "linear": "torch"}
 
 
-def runs_pytorch_kernel(op: str, inputs: tuple, policy: Any = None) -> bool | None:
-    """Whether the plan that just ran `op` on `inputs` (under `policy`, None: the one in force) runs
-    PyTorch's own kernel and nothing else (no sync, no workspace); None when there is no plan to ask."""
+def torch_kernel_ran(op: str, inputs: tuple, policy: Any = None, **attrs: Any) -> str | None:
+    """The name of the torch-backend kernel that the plan which just ran `op` on `inputs` (under `policy`,
+    None: the one in force) launches and nothing else (no sync, no workspace); "" for any other plan,
+    None when there is no plan to ask."""
     try:
-        plan = get_dispatcher().plan(op, *inputs, policy=handback.routed_view(policy or current_policy()))
+        policy = handback.routed_view(policy or current_policy())
+        plan = get_dispatcher().plan(op, *inputs, policy=policy, **attrs)
     except Exception:  # the call ran, so this is not expected; just learn nothing
         return None
-    own = PYTORCH_OWN_KERNELS.get(op)
-    return (
-        plan.kernel.name == own and plan.kernel.backend == "torch" and plan.finish is None and not plan.workspace_bytes
-    )
+    plain_launch = plan.kernel.backend == "torch" and plan.finish is None and not plan.workspace_bytes
+    return plan.kernel.name if plain_launch else ""
+
+
+def runs_pytorch_kernel(op: str, inputs: tuple, policy: Any = None) -> bool | None:
+    """Whether the plan that just ran `op` on `inputs` runs PyTorch's own kernel and nothing else; None
+    when there is no plan to ask (see `torch_kernel_ran`)."""
+    name = torch_kernel_ran(op, inputs, policy)
+    return None if name is None else name == PYTORCH_OWN_KERNELS.get(op)
 
 
 def _warn_no_kernel(op: str, exc: NoKernelError, policy: Any) -> None:

@@ -20,7 +20,7 @@ HALF_DTYPES = frozenset({"float16", "bfloat16"})
 __all__ = [
     "GPU_FLOAT_DTYPES",
     "TORCH_DTYPES",
-    "autocast_cast",
+    "autocast_linear",
     "current_stream",
     "empty",
     "probe",
@@ -69,11 +69,14 @@ def returned(args: Any, y: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def autocast_cast(t: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
-    """`t` cast to `dtype` as autocast casts an argument: floating tensors other than float64 only."""
-    if t is None or not t.is_floating_point() or t.dtype == torch.float64:
-        return t
-    return t.to(dtype)
+def autocast_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype) -> Any:
+    """F.linear as autocast runs it: each floating input other than float64 cast to `dtype` first."""
+
+    def cast(t: torch.Tensor | None) -> torch.Tensor | None:
+        eligible = t is not None and t.is_floating_point() and t.dtype != torch.float64
+        return t.to(dtype) if eligible else t
+
+    return torch.nn.functional.linear(cast(x), cast(weight), cast(bias))
 
 
 def rows(t: torch.Tensor) -> torch.Tensor:

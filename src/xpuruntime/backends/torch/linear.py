@@ -16,7 +16,7 @@ from ...abi import ArgPack
 from ...context import DispatchContext
 from ...registry import kernel
 from ...runtime import extension
-from .common import GPU_FLOAT_DTYPES, autocast_cast, returned, rows
+from .common import GPU_FLOAT_DTYPES, autocast_linear, returned, rows
 
 _ADDMM_ACTIVATION = getattr(torch, "_addmm_activation", None)
 
@@ -87,8 +87,7 @@ def linear_grad_weight_torch(args: ArgPack) -> None:
 )  # fmt: skip
 def autocast_linear_torch(args: ArgPack) -> Any:
     """What autocast itself does: each input cast to `dtype`, then F.linear (autograd records each cast)."""
-    dtype = getattr(torch, args.attrs["dtype"])
-    return returned(args, F.linear(*(autocast_cast(t, dtype) for t in args.inputs)))
+    return returned(args, autocast_linear(*args.inputs, getattr(torch, args.attrs["dtype"])))
 
 
 def _check_fused_cast(ctx: DispatchContext) -> list[str]:
