@@ -3,7 +3,8 @@ and one timed step under each policy in turn, so a host whose speed drifts (the 
 by up to 1.5x between runs) affects every policy alike. Reports the median step and the median host
 time to enqueue it (a step is host-bound when the two are close).
 
-    python benchmarks/step_diagnose.py [--rounds 15] [POLICY ...]   (POLICY: none, autotune, or a=k,b=k)
+    python benchmarks/step_diagnose.py [--rounds 15] [POLICY ...]   (POLICY: none, autotune, or a=k,b=k;
+        a=k,b=k/unfused-db: the same with fused_cast's dW and db from a GEMM and a sum, not one BGRADB GEMM)
     python benchmarks/step_diagnose.py --profile [POLICY ...]   (per policy: where the host time goes,
         plan-cache misses per step, and the GPU's kernel time per step)
     python benchmarks/step_diagnose.py --gpu-sleep 30 [POLICY ...]   (also time each step with 30 ms of GPU
@@ -44,9 +45,19 @@ DEFAULT = ["none", "matmul=cublasLt", "attention=flash_v2", "layer_norm=triton",
            "matmul=cublasLt,attention=flash_v2", "autotune"]  # fmt: skip
 
 
+UNFUSED_DB = "/unfused-db"
+
+
 def policy_for(name: str):
+    name = name.removesuffix(UNFUSED_DB)
     argv = ["--autotune"] if name == "autotune" else [] if name == "none" else ["--policy", name]
     return example.make_policy(example.parse_args(argv))
+
+
+def use_policy(name: str, policy) -> None:
+    """Make `policy` (named `name`) the process policy."""
+    native_routes.fuse_bias_grad(not name.endswith(UNFUSED_DB))
+    xtorch.set_kernel_policy(policy)
 
 
 def gpt_step(model_args: str = "", old_loop: bool = False) -> Callable[[float], tuple[float, float]]:
@@ -91,8 +102,8 @@ def main() -> None:
     step = gpt_step(args.model, args.old_loop)
 
     policies = {name: policy_for(name) for name in args.policies}
-    for policy in policies.values():  # tune and compile outside the timed rounds
-        xtorch.set_kernel_policy(policy)
+    for name, policy in policies.items():  # tune and compile outside the timed rounds
+        use_policy(name, policy)
         step(), step()
     if args.gc_freeze:
         gc.collect()
@@ -100,7 +111,7 @@ def main() -> None:
     collections = GcTimer() if args.gc else None
     if args.profile:
         for name, policy in policies.items():
-            xtorch.set_kernel_policy(policy)
+            use_policy(name, policy)
             profile_step(name, step)
         xtorch.clear_kernel_policy()
         return
@@ -108,7 +119,7 @@ def main() -> None:
     asleep: dict[str, list[tuple[float, float]]] = {name: [] for name in policies}
     for _ in range(args.rounds):
         for name, policy in policies.items():
-            xtorch.set_kernel_policy(policy)
+            use_policy(name, policy)
             step()
             if collections:
                 collections.start(name)

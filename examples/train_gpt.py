@@ -5,7 +5,8 @@
 
 The model (token + position embeddings, pre-LN blocks of nn.Linear, SDPA and LayerNorm, AdamW) is
 plain PyTorch. The policy routes its matmuls, attention and layer norms, forward and backward,
-through xpuruntime; the run ends with the dispatch summary (op, kernel, reason, calls).
+through xpuruntime; the run ends with the dispatch summary (op, kernel, reason, calls) of its first
+steps (--log-steps): a logged call always takes the Python route, so later steps run unlogged.
 """
 
 from __future__ import annotations
@@ -79,6 +80,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--route-cpu", action="store_true", help="test-only: route CPU tensors too (CPU kernels)")
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--log-steps", type=int, default=2, help="steps whose dispatch decisions are logged and summed up")
     p.add_argument("--json", default="", help="write losses, step times and the dispatch summary here")
     p.add_argument("--profile-steps", type=int, default=0, help="profile the last N steps; print the top kernels")
     args = p.parse_args(argv)
@@ -86,6 +88,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.layers, args.d_model, args.heads, args.context, args.batch, args.vocab = 2, 64, 4, 32, 2, 256
     if args.steps < 1:
         p.error(f"--steps must be at least 1, got {args.steps}")
+    if args.log_steps < 0:
+        p.error(f"--log-steps must be at least 0, got {args.log_steps}")
     if not 0 <= args.profile_steps <= args.steps:
         p.error(f"--profile-steps must be between 0 and --steps ({args.steps}), got {args.profile_steps}")
     try:
@@ -153,7 +157,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     policy = make_policy(args)  # the three lines a user adds: a policy ...
     if policy is not None:
         xtorch.set_kernel_policy(policy)
-    xrt.enable_dispatch_logging(max_records=1_000_000)  # ... and the log of what ran
+    xrt.clear_dispatch_logs()
+    if args.log_steps:
+        xrt.enable_dispatch_logging(max_records=1_000_000)  # ... and the log of what ran
 
     def amp() -> contextlib.AbstractContextManager:
         if dtype is None:
@@ -190,7 +196,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for step in range(fed[0]):
             losses[step] = float("nan")  # warm-up losses are not kept by the captured step
         step = fed[0]
+    # a captured step logs its warm-up steps (and the capture), an eager one its first --log-steps
+    logged_steps = (fed[0] if args.capture_graph else min(args.log_steps, args.steps)) if args.log_steps else 0
     while step < args.steps:
+        if step >= args.log_steps:
+            xrt.disable_dispatch_logging()  # logging routes every call through Python: time what users run
         if args.profile_steps and prof is None and step >= args.steps - args.profile_steps:  # after any warm-up
             prof = profiling.enter_context(xtorch.profile(record_shapes=False, profile_memory=False))
         sync()
@@ -219,6 +229,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "step_ms": [t * 1e3 for t in times],
         "median_step_ms": sorted(times)[len(times) // 2] * 1e3 if times else None,
         "dispatch": dispatch_summary(records),
+        "logged_steps": logged_steps,
         "overrides": xtorch.installed_overrides(),
         "handed_back": xtorch.handed_back(),
     }
@@ -243,7 +254,7 @@ def print_report(result: dict[str, Any], rank: int) -> None:
     print(f"{tag}policy {result['policy']}: loss {kept[0]:.4f} -> {kept[-1]:.4f} over {len(result['losses'])} steps")
     if result["median_step_ms"] is not None:
         print(f"{tag}median step {result['median_step_ms']:.2f} ms")
-    print(f"{tag}dispatch summary (op, kernel, reason, calls):")
+    print(f"{tag}dispatch summary of the first {result['logged_steps']} steps (op, kernel, reason, calls):")
     for row in result["dispatch"]:
         print(f"{tag}  {row['op']:<22} {row['kernel']:<14} {row['reason']:<9} {row['calls']}")
     if not result["dispatch"]:

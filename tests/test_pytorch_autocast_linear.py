@@ -348,3 +348,117 @@ def test_fused_cast_on_cuda_takes_inputs_of_another_half_dtype():
     ones = torch.ones(16, 32, device="cuda")
     torch.testing.assert_close(grads[0].float(), ones @ lin.weight.float(), rtol=2e-2, atol=2e-2)
     torch.testing.assert_close(grads[2].float(), ones.sum(0), rtol=1e-3, atol=1e-3)
+
+
+# -- dW and db from one cuBLASLt BGRADB GEMM ------------------------------------------------------------
+
+
+class _SpyPlanner:
+    """Stands in for native_routes' planner: records each question, answers `answer`."""
+
+    def __init__(self, answer) -> None:
+        self.answer, self.asked = answer, []
+
+    def __call__(self, rows: torch.Tensor, dy: torch.Tensor):
+        self.asked.append((tuple(rows.shape), tuple(dy.shape), rows.dtype))
+        return self.answer
+
+
+@pytest.fixture
+def spy_planner(ops):
+    from xpuruntime.runtime import extension
+
+    def install(answer) -> _SpyPlanner:
+        spy = _SpyPlanner(answer)
+        extension.load().set_bias_grad_planner(spy)
+        return spy
+
+    yield install
+    native_routes.fuse_bias_grad(True)
+
+
+def test_the_planner_must_be_callable(ops):
+    from xpuruntime.runtime import extension
+
+    with pytest.raises(TypeError, match="planner must be callable or None"):
+        extension.load().set_bias_grad_planner(3)
+
+
+def test_cpu_backward_never_asks_for_a_cublaslt_plan(ops, spy_planner):
+    spy = spy_planner(None)
+    (x, w, b), dy = _case(3, (5, 12), 7, bias=True, transposed=False)
+    before = native_routes.stats()["fused_bias_grads"]
+    grads = _grads(ops.fused_cast_linear(x, w, b, torch.bfloat16), dy.bfloat16(), x, w, b)
+    assert spy.asked == [] and native_routes.stats()["fused_bias_grads"] == before
+    torch.testing.assert_close(grads[2], dy.sum(0), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.gpu
+def test_bgradb_gives_the_weight_and_bias_gradients_of_the_unfused_backward():
+    layers, x = _gpt_block_linears(2)
+    xtorch.set_kernel_policy(autocast_linear="fused_cast")
+    try:
+        native_routes.fuse_bias_grad(False)
+        _, unfused = _step_grads(layers, x)
+        native_routes.fuse_bias_grad(True)  # forgets every plan: the next backward plans again
+        before = native_routes.stats()["fused_bias_grads"]
+        for _ in range(2):
+            _, fused = _step_grads(layers, x)
+        assert native_routes.stats()["fused_bias_grads"] - before == 4  # two biased fp32 linears, two steps
+    finally:
+        native_routes.fuse_bias_grad(True)
+    for g, r in zip(fused, unfused):
+        assert g.dtype == r.dtype == torch.float32 and g.shape == r.shape
+        assert ((g - r).norm() / r.norm()).item() < 1e-5  # fp32 sums of the same bf16 products, another order
+    bias_grads = [g for g, p in zip(fused[1:], layers.parameters()) if p.dim() == 1]
+    assert len(bias_grads) == 2 and all(g.abs().sum() > 0 for g in bias_grads)
+
+
+@pytest.mark.gpu
+def test_bgradb_falls_back_for_a_less_aligned_or_strided_gradient():
+    torch.manual_seed(4)
+    lin = torch.nn.Linear(24, 40, device="cuda")
+    base = torch.randn(65, 24, device="cuda", dtype=torch.bfloat16)
+    r = torch.randn(64, 40, device="cuda")
+    xtorch.set_kernel_policy(autocast_linear="fused_cast")
+
+    def grads(x: torch.Tensor, dy: torch.Tensor) -> list[torch.Tensor]:
+        x = x.requires_grad_()
+        with xtorch.autocast(dtype=torch.bfloat16):
+            y = lin(x)
+        return list(torch.autograd.grad(y, (x, lin.weight, lin.bias), dy))
+
+    for _ in range(3):  # the Python route, then the learned C++ node: planned on a 512-byte aligned x
+        grads(base[:64].detach().clone(), r.bfloat16())
+    launches = native_routes.stats()["fused_bias_grads"]
+    offset_x = base[1:].detach()  # 48 bytes into its storage: only 16-byte aligned
+    transposed_dy = r.t().contiguous().bfloat16().t()
+    cases = ((offset_x, r.bfloat16(), 0), (base[:64].clone(), transposed_dy, 0), (base[:64].clone(), r.bfloat16(), 1))
+    for x, dy, fused in cases:
+        got = grads(x, dy)
+        assert native_routes.stats()["fused_bias_grads"] - launches == fused
+        launches += fused
+        dy64, x64, w64 = dy.double(), x.detach().double(), lin.weight.detach().bfloat16().double()
+        for g, e in zip(got, (dy64 @ w64, dy64.t() @ x64, dy64.sum(0))):
+            torch.testing.assert_close(g.double(), e, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.gpu
+def test_the_planner_is_asked_again_only_while_it_answers_not_now(spy_planner):
+    lin = torch.nn.Linear(32, 48, device="cuda")
+    x = torch.randn(8, 32, device="cuda", requires_grad=True)
+    xtorch.set_kernel_policy(autocast_linear="fused_cast")
+
+    def backward() -> None:
+        with xtorch.autocast(dtype=torch.bfloat16):
+            y = lin(x)
+        y.float().square().sum().backward()
+
+    later = spy_planner(False)  # "not now": e.g. a CUDA graph is being captured
+    backward()
+    backward()
+    assert later.asked == [((8, 32), (8, 48), torch.bfloat16)] * 2
+    never = spy_planner(None)  # cuBLASLt cannot: remembered
+    for _ in range(3):
+        backward()
+    assert len(never.asked) == 1

@@ -34,3 +34,29 @@ def test_tiny_gpt_trains_with_and_without_a_policy():
     training = {("attention_forward", "math", "policy"), ("attention_backward", "math", "policy")}
     assert training <= used or ("attention", "math", "policy") in used
     assert plain["dispatch"] == [] and routed["overrides"]
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_only_the_first_log_steps_are_logged():
+    """Logging routes every call through Python, so the example logs its first steps and times the rest as
+    users run them."""
+    example = _example()
+    common = [
+        "--tiny",
+        "--device",
+        "cpu",
+        "--steps",
+        "3",
+        "--dtype",
+        "fp32",
+        "--route-cpu",
+        "--policy",
+        "matmul=numpy_blas",
+    ]
+    every = example.main([*common, "--log-steps", "3"])
+    first = example.main([*common, "--log-steps", "1"])
+    unlogged = example.main([*common, "--log-steps", "0"])
+    calls = [sum(row["calls"] for row in run["dispatch"]) for run in (every, first)]
+    assert calls[0] == 3 * calls[1] > 0 and unlogged["dispatch"] == []
+    assert [run["logged_steps"] for run in (every, first, unlogged)] == [3, 1, 0]
+    assert every["losses"] == first["losses"] == unlogged["losses"]

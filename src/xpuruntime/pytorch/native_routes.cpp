@@ -18,10 +18,12 @@
 #include <ATen/ops/bmm.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/mm.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <c10/util/Exception.h>
 #include <torch/autograd.h>
+#include <torch/csrc/autograd/python_variable.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -237,10 +239,160 @@ at::Tensor product(const at::Tensor& a, const at::Tensor& b, at::ScalarType out_
   return at::mm(a, b).to(out_dtype);  // the pairs CUDA's mm(out_dtype) does not take, and CPU
 }
 
+// -- dW and db from one cuBLASLt GEMM ----------------------------------------------------------------
+//
+// With fp32 master weight and bias, the weight gradient dW = dy^T x (fp32 from the accumulator) and the
+// bias gradient db = column sums of dy come out of one cuBLASLt matmul whose BGRADB epilogue reduces dy
+// as the GEMM reads it: one kernel instead of a GEMM and a reduction over dy. Python plans each problem
+// once (`bias_grad_planner`: nvmath-python, backends/cublaslt/linear.py) and hands over the raw cuBLASLt
+// objects; this file only launches them, through function pointers into the cuBLASLt that nvmath
+// loaded (no CUDA headers: the extension builds on CPU-only machines too).
+
+using LtMatmul = int (*)(void* handle, void* desc, const void* alpha, const void* a, void* a_layout, const void* b,
+                         void* b_layout, const void* beta, const void* c, void* c_layout, void* d, void* d_layout,
+                         const void* algo, void* workspace, size_t workspace_bytes, void* stream);
+using LtSetAttribute = int (*)(void* desc, int attribute, const void* value, size_t bytes);
+
+// One planned matmul D = A B (+ BGRADB), D written in place of C: A = x^T (column-major view of the
+// row-major (N, in) rows), B = dy, D = dW^T; the epilogue's output is the descriptor's bias pointer.
+struct BiasGradGemm {
+  LtMatmul matmul;
+  LtSetAttribute set_attribute;
+  int bias_pointer_attribute;
+  void *handle, *desc, *a_layout, *b_layout, *c_layout, *d_layout;
+  const void *alpha, *beta, *algo;
+  int64_t workspace_bytes;
+  int64_t alignment;  // bytes every pointer must be aligned to (as at planning)
+  std::mutex mutex;   // the descriptor's bias pointer is set per launch
+};
+
+// What Python planned per (device, dtype, N, in, out): a plan, or none (nullptr: cuBLASLt cannot).
+struct BiasGradPlans {
+  std::mutex mutex;
+  PyObject* planner = nullptr;  // planner(rows, dy) -> tuple of ints, None (never) or False (not now)
+  std::unordered_map<Key, std::shared_ptr<BiasGradGemm>, KeyHash> plans;
+  std::atomic<int64_t> launches{0};
+};
+BiasGradPlans bias_grad_plans;
+constexpr size_t kMaxBiasGradPlans = 256;
+
+// Ask the Python planner for this problem's plan (with the GIL); nullopt: ask again next time.
+std::optional<std::shared_ptr<BiasGradGemm>> ask_planner(const at::Tensor& rows, const at::Tensor& dy) {
+  PyGILState_STATE gil = PyGILState_Ensure();
+  std::optional<std::shared_ptr<BiasGradGemm>> plan = std::shared_ptr<BiasGradGemm>();
+  PyObject* planner = bias_grad_plans.planner;
+  PyObject* result = nullptr;
+  if (planner != nullptr) {
+    Py_INCREF(planner);
+    PyObject* rows_py = THPVariable_Wrap(rows);
+    PyObject* dy_py = THPVariable_Wrap(dy);
+    if (rows_py != nullptr && dy_py != nullptr) result = PyObject_CallFunctionObjArgs(planner, rows_py, dy_py, nullptr);
+    Py_XDECREF(rows_py);
+    Py_XDECREF(dy_py);
+    if (result == nullptr) PyErr_WriteUnraisable(planner);  // a failing planner means: no plan
+    Py_DECREF(planner);
+  }
+  if (result == Py_False) {
+    plan = std::nullopt;
+  } else if (result != nullptr && PyTuple_Check(result) && PyTuple_GET_SIZE(result) == 14) {
+    int64_t v[14];
+    bool ok = true;
+    for (Py_ssize_t i = 0; i < 14; ++i) {
+      v[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(result, i));
+      ok = ok && !(v[i] == -1 && PyErr_Occurred());
+    }
+    if (ok) {
+      auto gemm = std::make_shared<BiasGradGemm>();
+      auto ptr = [&](int i) { return reinterpret_cast<void*>(static_cast<uintptr_t>(v[i])); };
+      gemm->matmul = reinterpret_cast<LtMatmul>(ptr(0));
+      gemm->set_attribute = reinterpret_cast<LtSetAttribute>(ptr(1));
+      gemm->bias_pointer_attribute = static_cast<int>(v[2]);
+      gemm->handle = ptr(3);
+      gemm->desc = ptr(4);
+      gemm->alpha = ptr(5);
+      gemm->a_layout = ptr(6);
+      gemm->b_layout = ptr(7);
+      gemm->beta = ptr(8);
+      gemm->c_layout = ptr(9);
+      gemm->d_layout = ptr(10);
+      gemm->algo = ptr(11);
+      gemm->workspace_bytes = v[12];
+      gemm->alignment = std::max<int64_t>(v[13], 1);
+      plan = gemm;
+    } else {
+      PyErr_Clear();
+    }
+  }
+  Py_XDECREF(result);
+  PyGILState_Release(gil);
+  return plan;
+}
+
+std::shared_ptr<BiasGradGemm> bias_grad_gemm(const at::Tensor& rows, const at::Tensor& dy) {
+  Key key{dy.device().index(), static_cast<int64_t>(dy.scalar_type()), rows.size(0), rows.size(1), dy.size(1)};
+  {
+    std::lock_guard<std::mutex> lock(bias_grad_plans.mutex);
+    if (bias_grad_plans.planner == nullptr) return nullptr;
+    auto it = bias_grad_plans.plans.find(key);
+    if (it != bias_grad_plans.plans.end()) return it->second;
+    if (bias_grad_plans.plans.size() >= kMaxBiasGradPlans) return nullptr;
+  }
+  auto plan = ask_planner(rows, dy);
+  if (!plan.has_value()) return nullptr;
+  std::lock_guard<std::mutex> lock(bias_grad_plans.mutex);
+  if (bias_grad_plans.planner == nullptr) return nullptr;  // fusion was turned off meanwhile
+  return bias_grad_plans.plans.emplace(std::move(key), *plan).first->second;
+}
+
+bool aligned(const void* ptr, int64_t alignment) { return reinterpret_cast<uintptr_t>(ptr) % alignment == 0; }
+
+// dW (fp32, (out, in)) and db (fp32, (out,)) from one BGRADB GEMM, if this problem has a plan and its
+// tensors fit it (dense half-precision rows, CUDA); false: compute them the usual way.
+bool fused_bias_grad(const at::Tensor& rows, const at::Tensor& dy, at::Tensor* dw, at::Tensor* db) {
+  const bool half = dy.scalar_type() == at::kHalf || dy.scalar_type() == at::kBFloat16;
+  if (!dy.is_cuda() || !half || rows.scalar_type() != dy.scalar_type() || !rows.is_contiguous() ||
+      !dy.is_contiguous() || rows.size(0) == 0 || rows.size(1) == 0 || dy.size(1) == 0) {
+    return false;
+  }
+  std::shared_ptr<BiasGradGemm> gemm = bias_grad_gemm(rows, dy);
+  if (gemm == nullptr) return false;
+  at::Tensor weight_grad = at::empty({dy.size(1), rows.size(1)}, dy.options().dtype(at::kFloat));
+  at::Tensor bias_grad = at::empty({dy.size(1)}, dy.options().dtype(at::kFloat));
+  for (const void* ptr : {rows.const_data_ptr(), dy.const_data_ptr(), weight_grad.const_data_ptr(),
+                          bias_grad.const_data_ptr()}) {
+    if (!aligned(ptr, gemm->alignment)) return false;
+  }
+  at::Tensor workspace;
+  if (gemm->workspace_bytes > 0) workspace = at::empty({gemm->workspace_bytes}, dy.options().dtype(at::kByte));
+  void* stream = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(dy.device()).native_handle();
+  int status;
+  {
+    std::lock_guard<std::mutex> lock(gemm->mutex);
+    void* bias_pointer = bias_grad.data_ptr();
+    status = gemm->set_attribute(gemm->desc, gemm->bias_pointer_attribute, &bias_pointer, sizeof bias_pointer);
+    if (status == 0) {
+      void* d = weight_grad.data_ptr();
+      status = gemm->matmul(gemm->handle, gemm->desc, gemm->alpha, rows.const_data_ptr(), gemm->a_layout,
+                            dy.const_data_ptr(), gemm->b_layout, gemm->beta, d, gemm->c_layout, d, gemm->d_layout,
+                            gemm->algo, workspace.defined() ? workspace.data_ptr() : nullptr,
+                            static_cast<size_t>(std::max<int64_t>(gemm->workspace_bytes, 0)), stream);
+    }
+  }
+  if (status != 0) {
+    throw std::runtime_error("autocast_linear fused_cast backward: cuBLASLt matmul (dW with the BGRADB bias "
+                             "gradient) failed with cublasStatus " + std::to_string(status));
+  }
+  bias_grad_plans.launches.fetch_add(1, std::memory_order_relaxed);
+  *dw = weight_grad;
+  *db = bias_grad;
+  return true;
+}
+
 // The `fused_cast` kernel of autocast_linear: y = x W^T + b computed in `dtype` (bf16 / fp16) from the
 // fp32 master weight and bias, as autocast does, but as one autograd node whose backward writes each
 // gradient in its input's dtype straight from the GEMM (no cast kernels) and sums the bias gradient in
-// that dtype: per layer, three backward kernels where autocast's graph runs five or six.
+// that dtype: per layer, three backward kernels where autocast's graph runs five or six; two, where
+// fp32 weight and bias gradients come from one BGRADB GEMM (above).
 struct FusedCastLinear : public torch::autograd::Function<FusedCastLinear> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
                             const std::optional<at::Tensor>& bias, at::ScalarType dtype) {
@@ -274,10 +426,11 @@ struct FusedCastLinear : public torch::autograd::Function<FusedCastLinear> {
     if (ctx->needs_input_grad(0)) {
       dx = product(dy, w, static_cast<at::ScalarType>(dtypes[0])).view(ctx->saved_data["x_shape"].toIntVector());
     }
-    if (ctx->needs_input_grad(1)) dw = product(dy.t(), rows, static_cast<at::ScalarType>(dtypes[1]));
-    if (dtypes[2] >= 0 && ctx->needs_input_grad(2)) {
-      db = dy.sum(0, false, static_cast<at::ScalarType>(dtypes[2]));
-    }
+    const bool bias_grad = dtypes[2] >= 0 && ctx->needs_input_grad(2);
+    const bool fused = bias_grad && ctx->needs_input_grad(1) && dtypes[1] == static_cast<int64_t>(at::kFloat) &&
+                       dtypes[2] == static_cast<int64_t>(at::kFloat) && fused_bias_grad(rows, dy, &dw, &db);
+    if (!fused && ctx->needs_input_grad(1)) dw = product(dy.t(), rows, static_cast<at::ScalarType>(dtypes[1]));
+    if (!fused && bias_grad) db = dy.sum(0, false, static_cast<at::ScalarType>(dtypes[2]));
     return {dx, dw, db, at::Tensor()};
   }
 };
@@ -406,7 +559,7 @@ std::vector<int64_t> stats() {
   Decisions& table = decisions();
   std::shared_lock<std::shared_mutex> lock(table.mutex);
   return {table.native_calls.load(), table.routed_calls.load(), static_cast<int64_t>(table.native.size()),
-          table.epoch, table.enabled.load() ? 1 : 0};
+          table.epoch, table.enabled.load() ? 1 : 0, bias_grad_plans.launches.load()};
 }
 
 }  // namespace
@@ -424,6 +577,24 @@ PyObject* report_native_calls(PyObject* /*module*/, PyObject* args) {
   reporter.every.store(0);  // nobody is told while the callback changes
   Py_XSETREF(reporter.callback, callback == Py_None ? nullptr : Py_NewRef(callback));
   reporter.every.store(reporter.callback == nullptr ? 0 : std::max<long long>(every, 1));
+  Py_RETURN_NONE;
+}
+
+// set_bias_grad_planner(planner or None): who plans fused_cast's BGRADB GEMMs (None: no fusion). A new
+// planner forgets every plan; the cuBLASLt objects behind them stay alive in Python for the process.
+PyObject* set_bias_grad_planner(PyObject* /*module*/, PyObject* planner) {
+  if (planner != Py_None && !PyCallable_Check(planner)) {
+    PyErr_SetString(PyExc_TypeError, "set_bias_grad_planner: planner must be callable or None");
+    return nullptr;
+  }
+  PyObject* old;
+  {
+    std::lock_guard<std::mutex> lock(bias_grad_plans.mutex);
+    bias_grad_plans.plans.clear();
+    old = bias_grad_plans.planner;
+    bias_grad_plans.planner = planner == Py_None ? nullptr : Py_NewRef(planner);
+  }
+  Py_XDECREF(old);
   Py_RETURN_NONE;
 }
 

@@ -11,12 +11,16 @@ dispatch observers, the installed overrides. They are kept per policy (the proce
 policy open on the calling thread), and neither used nor learned while dispatch logging or profiling
 observes calls. Under `autotune` a signature is learned once it is tuned: its plan is fixed from then on.
 
+The C++ fused_cast linear's backward computes fp32 weight and bias gradients with one cuBLASLt GEMM (BGRADB
+epilogue) where nvmath-python can plan it: `_plan_bias_grad` plans each problem once, C++ launches it.
+
 The routes are part of xpuruntime's C++ extension (`runtime/extension.py`). Where it cannot be built, or
 with XPURUNTIME_NATIVE=0, the Python overrides run as before (`status()` says why).
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import weakref
 from collections.abc import Callable
@@ -52,10 +56,51 @@ def load() -> Any | None:
             if not _ext.tried:
                 if extension.load() is not None:
                     _ext.python_routes = _register_python_routes()
+                    extension.load().set_bias_grad_planner(_plan_bias_grad)
                     dispatch_log.on_observers_changed(reset)
                     _ext.ops = torch.ops.xpuruntime_native
                 _ext.tried = True
     return _ext.ops
+
+
+# -- the fused_cast backward's dW + db GEMMs -------------------------------------------------------------
+
+# every plan handed to C++, by problem, alive for the process: C++ launches them through raw pointers
+_bias_grad_plans: dict[tuple, tuple[Any, tuple[int, ...]]] = {}
+
+
+def _plan_bias_grad(rows: torch.Tensor, dy: torch.Tensor) -> tuple[int, ...] | bool | None:
+    """C++ asks once per problem: the raw cuBLASLt launch arguments of a BGRADB GEMM for dW and db, plus the
+    pointer alignment they need; None where cuBLASLt cannot, False to be asked again (planning now would
+    break a CUDA graph being captured)."""
+    if torch.cuda.is_current_stream_capturing():
+        return False
+    from ..backends.cublaslt import common, linear
+
+    alignment = min(common.pointer_alignment(rows.data_ptr()), common.pointer_alignment(dy.data_ptr()))
+    key = (dy.device, dy.dtype, *rows.shape, dy.shape[1], alignment)
+    if key in _bias_grad_plans:
+        return _bias_grad_plans[key][1]
+    if common.probe() is not None:
+        return None
+    try:
+        plan = linear.weight_and_bias_grad_plan(rows, dy)
+    except Exception as exc:  # e.g. no cuBLASLt algorithm for this problem: the unfused backward serves
+        logging.getLogger("xpuruntime").info("fused_cast backward: no BGRADB plan for %s (%s)", tuple(dy.shape), exc)
+        return None
+    args = plan.entry_args()
+    if args is None:
+        plan.free()
+        return None
+    _bias_grad_plans[key] = plan, (*args, alignment)
+    return _bias_grad_plans[key][1]
+
+
+def fuse_bias_grad(enabled: bool = True) -> None:
+    """Whether the fused_cast backward takes dW and db from one BGRADB GEMM (the default) or from a GEMM and
+    a column sum; no-op where the extension is not loaded."""
+    if load() is not None:
+        extension.load().set_bias_grad_planner(_plan_bias_grad if enabled else None)
 
 
 def status() -> str:
@@ -187,8 +232,9 @@ def report_native_calls(callback: Callable[[int], None] | None, every: int = 32)
 
 
 def stats() -> dict[str, int]:
-    """Native calls, Python-routed calls, learned signatures, the epoch and whether the fast path is on."""
+    """Native calls, Python-routed calls, learned signatures, the epoch, whether the fast path is on, and the
+    BGRADB GEMMs the fused_cast backward launched."""
     if _ext.ops is None:
         return {}
-    names = ("native_calls", "routed_calls", "learned", "epoch", "enabled")
+    names = ("native_calls", "routed_calls", "learned", "epoch", "enabled", "fused_bias_grads")
     return dict(zip(names, _ext.ops.stats()))

@@ -359,6 +359,7 @@ PyObject* use_python(PyObject* /*module*/, PyObject* args) {
 }  // namespace
 
 PyObject* report_native_calls(PyObject* module, PyObject* args);  // pytorch/native_routes.cpp
+PyObject* set_bias_grad_planner(PyObject* module, PyObject* planner);  // pytorch/native_routes.cpp
 
 namespace {
 
@@ -373,6 +374,8 @@ PyMethodDef methods[] = {
      "Dispatcher.run's plan-cache hit for a call without out=: the output, or NOT_HIT"},
     {"report_native_calls", report_native_calls, METH_VARARGS,
      "report_native_calls(callback or None, every): callback(every) after each `every` native aten calls"},
+    {"set_bias_grad_planner", set_bias_grad_planner, METH_O,
+     "set_bias_grad_planner(planner or None): who plans the fused_cast backward's BGRADB GEMMs"},
     {"use_dispatcher", use_dispatcher, METH_VARARGS,
      "use_dispatcher(NOT_HIT, NotAnArray, ArgPack, launch_error, returned_output): what the hit path needs"},
 };

@@ -314,6 +314,25 @@ class GemmPlan:
             return False
         return True
 
+    def entry_args(self) -> tuple[int, ...] | None:
+        """What C++ needs to launch this raw in-place plan itself: (cublasLtMatmul, its descriptor's
+        SetAttribute, the BIAS_POINTER attribute, handle, descriptor, alpha, A layout, B layout, beta, C layout,
+        D layout, algorithm, workspace bytes) as integers; None where this nvmath hides its entry points."""
+        if not (self.raw and self.inplace):
+            return None
+        try:
+            from nvmath.bindings import cublasLt
+            from nvmath.bindings._internal import cublasLt as loaded
+
+            entry = {name.lstrip("_"): int(ptr) for name, ptr in loaded._inspect_function_pointers().items()}
+            functions = (entry["cublasLtMatmul"], entry["cublasLtMatmulDescSetAttribute"])
+        except (ImportError, AttributeError, KeyError, TypeError, ValueError):
+            return None
+        if not all(functions):
+            return None
+        attribute = int(cublasLt.MatmulDescAttribute.BIAS_POINTER)
+        return (*functions, attribute, *(int(arg) for arg in self._args), self.workspace_size)
+
     def _set_pointer(self, attribute: str, ptr: int) -> None:
         if self._pointers.get(attribute) != ptr:
             setattr(self._desc, attribute, ptr)

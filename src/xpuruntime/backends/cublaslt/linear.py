@@ -165,3 +165,11 @@ def linear_grad_weight_cublaslt(args: ArgPack) -> None:
     views = (_rows(x).t(), _rows(dy), dw.t())
     plan = _plan(args, key, "BGRADB" if with_bias else None, views, {}, ptrs)
     plan.run(*views, bgrad=args.out[n * k :] if with_bias else None, workspace=args.workspace, stream=args.stream)
+
+
+def weight_and_bias_grad_plan(rows: torch.Tensor, dy: torch.Tensor) -> GemmPlan:
+    """A raw plan of dW^T = rows^T dy in fp32 whose BGRADB epilogue writes dy's fp32 column sums (db):
+    the fp32-master-weight backward of the fused_cast linear, which C++ launches (pytorch/native_routes.cpp)."""
+    dw = torch.empty(dy.shape[1], rows.shape[1], dtype=torch.float32, device=dy.device)
+    stream = torch.cuda.current_stream(dy.device)
+    return GemmPlan(rows.t(), dy, dw.t(), "BGRADB", None, None, stream, ab_only=False)
