@@ -196,10 +196,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for step in range(fed[0]):
             losses[step] = float("nan")  # warm-up losses are not kept by the captured step
         step = fed[0]
-    # a captured step logs its warm-up steps (and the capture), an eager one its first --log-steps
+        xrt.disable_dispatch_logging()  # replays dispatch nothing
+    # a captured step logs its warm-up steps and the capture, an eager one its first --log-steps
     logged_steps = (fed[0] if args.capture_graph else min(args.log_steps, args.steps)) if args.log_steps else 0
     while step < args.steps:
-        if step >= args.log_steps:
+        if step == args.log_steps:
             xrt.disable_dispatch_logging()  # logging routes every call through Python: time what users run
         if args.profile_steps and prof is None and step >= args.steps - args.profile_steps:  # after any warm-up
             prof = profiling.enter_context(xtorch.profile(record_shapes=False, profile_memory=False))
@@ -254,10 +255,12 @@ def print_report(result: dict[str, Any], rank: int) -> None:
     print(f"{tag}policy {result['policy']}: loss {kept[0]:.4f} -> {kept[-1]:.4f} over {len(result['losses'])} steps")
     if result["median_step_ms"] is not None:
         print(f"{tag}median step {result['median_step_ms']:.2f} ms")
-    print(f"{tag}dispatch summary of the first {result['logged_steps']} steps (op, kernel, reason, calls):")
+    logged = result["logged_steps"]
+    what = f"{logged} warm-up steps and the capture" if result["args"]["capture_graph"] else f"first {logged} steps"
+    print(f"{tag}dispatch summary of the {what} (op, kernel, reason, calls):" if logged else f"{tag}not logged")
     for row in result["dispatch"]:
         print(f"{tag}  {row['op']:<22} {row['kernel']:<14} {row['reason']:<9} {row['calls']}")
-    if not result["dispatch"]:
+    if logged and not result["dispatch"]:
         print(f"{tag}  (nothing dispatched through xpuruntime: PyTorch's kernels ran)")
     for family, why in result["handed_back"].items():
         print(f"{tag}autotune handed {family} back to PyTorch: {why}")

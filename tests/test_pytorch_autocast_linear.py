@@ -208,8 +208,8 @@ def _gpt_block_linears(seed: int = 0):
     return layers, x
 
 
-def _step_grads(layers, x) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    with xtorch.autocast(dtype=torch.bfloat16):
+def _step_grads(layers, x, dtype: torch.dtype = torch.bfloat16) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    with xtorch.autocast(dtype=dtype):
         y = layers(x)
     params = [x, *layers.parameters()]
     return y, list(torch.autograd.grad(y.float().square().mean(), params))
@@ -265,7 +265,10 @@ def test_fused_cast_is_captured_in_a_cuda_graph_and_replays_like_eager():
 
     eager_layers = [p.detach().clone() for p in layers.parameters()]
     graph = xtorch.CUDAGraphWrapper(warmup_iters=2)
+    native_routes.fuse_bias_grad(True)  # forgets the C++ plans: the warm-up asks again, not the capture
+    before = native_routes.stats()["fused_bias_grads"]
     loss = graph.capture(step)
+    assert native_routes.stats()["fused_bias_grads"] - before == 3 * 2  # warm-up twice, the capture: 2 linears
     captured_start = [p.detach().clone() for p in layers.parameters()]
     graph.replay()
     torch.cuda.synchronize()
@@ -394,22 +397,23 @@ def test_cpu_backward_never_asks_for_a_cublaslt_plan(ops, spy_planner):
 
 
 @pytest.mark.gpu
-def test_bgradb_gives_the_weight_and_bias_gradients_of_the_unfused_backward():
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_bgradb_gives_the_weight_and_bias_gradients_of_the_unfused_backward(dtype):
     layers, x = _gpt_block_linears(2)
     xtorch.set_kernel_policy(autocast_linear="fused_cast")
     try:
         native_routes.fuse_bias_grad(False)
-        _, unfused = _step_grads(layers, x)
-        native_routes.fuse_bias_grad(True)  # forgets every plan: the next backward plans again
+        _, unfused = _step_grads(layers, x, dtype)
+        native_routes.fuse_bias_grad(True)  # C++ forgets its plans and asks again; Python hands back its own
         before = native_routes.stats()["fused_bias_grads"]
         for _ in range(2):
-            _, fused = _step_grads(layers, x)
+            _, fused = _step_grads(layers, x, dtype)
         assert native_routes.stats()["fused_bias_grads"] - before == 4  # two biased fp32 linears, two steps
     finally:
         native_routes.fuse_bias_grad(True)
     for g, r in zip(fused, unfused):
         assert g.dtype == r.dtype == torch.float32 and g.shape == r.shape
-        assert ((g - r).norm() / r.norm()).item() < 1e-5  # fp32 sums of the same bf16 products, another order
+        assert ((g - r).norm() / r.norm()).item() < 1e-5  # fp32 sums of the same half products, another order
     bias_grads = [g for g, p in zip(fused[1:], layers.parameters()) if p.dim() == 1]
     assert len(bias_grads) == 2 and all(g.abs().sum() > 0 for g in bias_grads)
 
@@ -431,9 +435,9 @@ def test_bgradb_falls_back_for_a_less_aligned_or_strided_gradient():
     for _ in range(3):  # the Python route, then the learned C++ node: planned on a 512-byte aligned x
         grads(base[:64].detach().clone(), r.bfloat16())
     launches = native_routes.stats()["fused_bias_grads"]
-    offset_x = base[1:].detach()  # 48 bytes into its storage: only 16-byte aligned
-    transposed_dy = r.t().contiguous().bfloat16().t()
-    cases = ((offset_x, r.bfloat16(), 0), (base[:64].clone(), transposed_dy, 0), (base[:64].clone(), r.bfloat16(), 1))
+    offset_x = base[1:].detach()  # 48 bytes into its storage: only 16-byte aligned, so a plan of its own
+    transposed_dy = r.t().contiguous().bfloat16().t()  # strided: GEMM + sum
+    cases = ((offset_x, r.bfloat16(), 1), (base[:64].clone(), transposed_dy, 0), (base[:64].clone(), r.bfloat16(), 1))
     for x, dy, fused in cases:
         got = grads(x, dy)
         assert native_routes.stats()["fused_bias_grads"] - launches == fused

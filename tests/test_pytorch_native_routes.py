@@ -174,6 +174,25 @@ def test_dispatch_logging_sees_every_call(cpu_routing):
     assert _stats()["enabled"] == 1
 
 
+def test_logging_switched_to_what_it_already_is_keeps_the_learned_decisions(cpu_routing):
+    """Found in review: the example turned logging off before every step, and each time the native routes
+    forgot everything they had learned."""
+    a, b = torch.randn(4, 6), torch.randn(6, 5)
+    xtorch.set_kernel_policy(xrt.KernelPolicy({"matmul": "torch"}, validate=cpu_routing))
+    xrt.disable_dispatch_logging()
+    _calls(2, a, b)
+    learned, epoch = _stats()["learned"], _stats()["epoch"]
+    xrt.disable_dispatch_logging()
+    assert (_stats()["learned"], _stats()["epoch"]) == (learned, epoch) and learned > 0
+    xrt.enable_dispatch_logging()
+    try:
+        xrt.enable_dispatch_logging()
+        assert _stats()["epoch"] == epoch + 1  # one change: one reset
+    finally:
+        xrt.disable_dispatch_logging()
+    assert _stats()["epoch"] == epoch + 2
+
+
 def test_a_new_kernel_forgets_what_was_learned(cpu_routing):
     a, b = torch.randn(4, 6), torch.randn(6, 5)
     xtorch.set_kernel_policy(xrt.KernelPolicy({"matmul": "torch"}, validate=cpu_routing))

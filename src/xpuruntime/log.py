@@ -47,16 +47,20 @@ _on_change: list[Callable[[], None]] = []
 
 def add_observer(observer: Observer) -> None:
     with _observers_lock:
-        if observer not in OBSERVERS:
+        added = observer not in OBSERVERS
+        if added:
             OBSERVERS.append(observer)
-    _observers_changed()
+    if added:
+        _observers_changed()
 
 
 def remove_observer(observer: Observer) -> None:
     with _observers_lock:
-        if observer in OBSERVERS:
+        removed = observer in OBSERVERS
+        if removed:
             OBSERVERS.remove(observer)
-    _observers_changed()
+    if removed:
+        _observers_changed()
 
 
 def on_observers_changed(listener: Callable[[], None]) -> None:

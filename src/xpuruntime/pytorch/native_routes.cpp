@@ -18,6 +18,7 @@
 #include <ATen/ops/bmm.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/mm.h>
+#include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
@@ -239,6 +240,13 @@ at::Tensor product(const at::Tensor& a, const at::Tensor& b, at::ScalarType out_
   return at::mm(a, b).to(out_dtype);  // the pairs CUDA's mm(out_dtype) does not take, and CPU
 }
 
+// "(2, 3)": a shape for error messages (streaming IntArrayRef into TORCH_CHECK crashed with PyTorch 2.11).
+std::string shape_text(const at::Tensor& t) {
+  std::string text = "(";
+  for (int64_t d = 0; d < t.dim(); ++d) text += (d ? ", " : "") + std::to_string(t.size(d));
+  return text + (t.dim() == 1 ? ",)" : ")");
+}
+
 // -- dW and db from one cuBLASLt GEMM ----------------------------------------------------------------
 //
 // With fp32 master weight and bias, the weight gradient dW = dy^T x (fp32 from the accumulator) and the
@@ -262,19 +270,31 @@ struct BiasGradGemm {
   void *handle, *desc, *a_layout, *b_layout, *c_layout, *d_layout;
   const void *alpha, *beta, *algo;
   int64_t workspace_bytes;
-  int64_t alignment;  // bytes every pointer must be aligned to (as at planning)
-  std::mutex mutex;   // the descriptor's bias pointer is set per launch
+  std::mutex mutex;  // the descriptor's bias pointer is set per launch
+  std::atomic<bool> failed{false};  // cuBLASLt refused a launch: the unfused backward serves from then on
 };
+constexpr int kBiasGradPlanInts = 13;
+// dW and db are fresh allocations, as at planning: the caching allocator aligns them to 512 bytes
+constexpr int64_t kOutputAlignment = 256;
 
-// What Python planned per (device, dtype, N, in, out): a plan, or none (nullptr: cuBLASLt cannot).
+// What Python planned per (device, dtype, N, in, out, alignment of rows, of dy): a plan, or none (nullptr:
+// cuBLASLt cannot).
 struct BiasGradPlans {
   std::mutex mutex;
   PyObject* planner = nullptr;  // planner(rows, dy) -> tuple of ints, None (never) or False (not now)
+  int64_t generation = 0;       // of the planner: an answer from a replaced planner is not kept
   std::unordered_map<Key, std::shared_ptr<BiasGradGemm>, KeyHash> plans;
   std::atomic<int64_t> launches{0};
 };
 BiasGradPlans bias_grad_plans;
 constexpr size_t kMaxBiasGradPlans = 256;
+
+// The alignment class of a pointer, as cuBLASLt's heuristic is told it: the largest power of two dividing
+// it, at most 256 bytes (common.pointer_alignment in Python).
+int64_t alignment_class(const void* ptr) {
+  const uintptr_t address = reinterpret_cast<uintptr_t>(ptr);
+  return address % 256 == 0 ? 256 : static_cast<int64_t>(address & (~address + 1));
+}
 
 // Ask the Python planner for this problem's plan (with the GIL); nullopt: ask again next time.
 std::optional<std::shared_ptr<BiasGradGemm>> ask_planner(const at::Tensor& rows, const at::Tensor& dy) {
@@ -294,10 +314,10 @@ std::optional<std::shared_ptr<BiasGradGemm>> ask_planner(const at::Tensor& rows,
   }
   if (result == Py_False) {
     plan = std::nullopt;
-  } else if (result != nullptr && PyTuple_Check(result) && PyTuple_GET_SIZE(result) == 14) {
-    int64_t v[14];
+  } else if (result != nullptr && PyTuple_Check(result) && PyTuple_GET_SIZE(result) == kBiasGradPlanInts) {
+    int64_t v[kBiasGradPlanInts];
     bool ok = true;
-    for (Py_ssize_t i = 0; i < 14; ++i) {
+    for (Py_ssize_t i = 0; i < kBiasGradPlanInts; ++i) {
       v[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(result, i));
       ok = ok && !(v[i] == -1 && PyErr_Occurred());
     }
@@ -317,7 +337,6 @@ std::optional<std::shared_ptr<BiasGradGemm>> ask_planner(const at::Tensor& rows,
       gemm->d_layout = ptr(10);
       gemm->algo = ptr(11);
       gemm->workspace_bytes = v[12];
-      gemm->alignment = std::max<int64_t>(v[13], 1);
       plan = gemm;
     } else {
       PyErr_Clear();
@@ -329,25 +348,27 @@ std::optional<std::shared_ptr<BiasGradGemm>> ask_planner(const at::Tensor& rows,
 }
 
 std::shared_ptr<BiasGradGemm> bias_grad_gemm(const at::Tensor& rows, const at::Tensor& dy) {
-  Key key{dy.device().index(), static_cast<int64_t>(dy.scalar_type()), rows.size(0), rows.size(1), dy.size(1)};
+  Key key{dy.device().index(), static_cast<int64_t>(dy.scalar_type()), rows.size(0), rows.size(1), dy.size(1),
+          alignment_class(rows.const_data_ptr()), alignment_class(dy.const_data_ptr())};
+  int64_t generation;
   {
     std::lock_guard<std::mutex> lock(bias_grad_plans.mutex);
     if (bias_grad_plans.planner == nullptr) return nullptr;
     auto it = bias_grad_plans.plans.find(key);
     if (it != bias_grad_plans.plans.end()) return it->second;
     if (bias_grad_plans.plans.size() >= kMaxBiasGradPlans) return nullptr;
+    generation = bias_grad_plans.generation;
   }
   auto plan = ask_planner(rows, dy);
   if (!plan.has_value()) return nullptr;
   std::lock_guard<std::mutex> lock(bias_grad_plans.mutex);
-  if (bias_grad_plans.planner == nullptr) return nullptr;  // fusion was turned off meanwhile
+  if (bias_grad_plans.generation != generation) return nullptr;  // the planner was replaced meanwhile
   return bias_grad_plans.plans.emplace(std::move(key), *plan).first->second;
 }
 
-bool aligned(const void* ptr, int64_t alignment) { return reinterpret_cast<uintptr_t>(ptr) % alignment == 0; }
-
 // dW (fp32, (out, in)) and db (fp32, (out,)) from one BGRADB GEMM, if this problem has a plan and its
-// tensors fit it (dense half-precision rows, CUDA); false: compute them the usual way.
+// tensors fit it (dense half-precision rows, CUDA); false: compute them the usual way. The plan key holds
+// the alignment of rows and dy, so each alignment class gets its own plan.
 bool fused_bias_grad(const at::Tensor& rows, const at::Tensor& dy, at::Tensor* dw, at::Tensor* db) {
   const bool half = dy.scalar_type() == at::kHalf || dy.scalar_type() == at::kBFloat16;
   if (!dy.is_cuda() || !half || rows.scalar_type() != dy.scalar_type() || !rows.is_contiguous() ||
@@ -355,12 +376,13 @@ bool fused_bias_grad(const at::Tensor& rows, const at::Tensor& dy, at::Tensor* d
     return false;
   }
   std::shared_ptr<BiasGradGemm> gemm = bias_grad_gemm(rows, dy);
-  if (gemm == nullptr) return false;
+  if (gemm == nullptr || gemm->failed.load(std::memory_order_relaxed)) return false;
+  c10::DeviceGuard on_device(dy.device());
   at::Tensor weight_grad = at::empty({dy.size(1), rows.size(1)}, dy.options().dtype(at::kFloat));
   at::Tensor bias_grad = at::empty({dy.size(1)}, dy.options().dtype(at::kFloat));
-  for (const void* ptr : {rows.const_data_ptr(), dy.const_data_ptr(), weight_grad.const_data_ptr(),
-                          bias_grad.const_data_ptr()}) {
-    if (!aligned(ptr, gemm->alignment)) return false;
+  if (alignment_class(weight_grad.const_data_ptr()) < kOutputAlignment ||
+      alignment_class(bias_grad.const_data_ptr()) < kOutputAlignment) {
+    return false;
   }
   at::Tensor workspace;
   if (gemm->workspace_bytes > 0) workspace = at::empty({gemm->workspace_bytes}, dy.options().dtype(at::kByte));
@@ -378,9 +400,11 @@ bool fused_bias_grad(const at::Tensor& rows, const at::Tensor& dy, at::Tensor* d
                             static_cast<size_t>(std::max<int64_t>(gemm->workspace_bytes, 0)), stream);
     }
   }
-  if (status != 0) {
-    throw std::runtime_error("autocast_linear fused_cast backward: cuBLASLt matmul (dW with the BGRADB bias "
-                             "gradient) failed with cublasStatus " + std::to_string(status));
+  if (status != 0) {  // nothing was launched: compute the gradients the unfused way, now and from now on
+    gemm->failed.store(true);
+    TORCH_WARN("autocast_linear fused_cast backward: cuBLASLt refused the BGRADB GEMM (cublasStatus ", status,
+               ") for dy of shape ", shape_text(dy), "; computing dW and db with a GEMM and a sum instead");
+    return false;
   }
   bias_grad_plans.launches.fetch_add(1, std::memory_order_relaxed);
   *dw = weight_grad;
@@ -434,13 +458,6 @@ struct FusedCastLinear : public torch::autograd::Function<FusedCastLinear> {
     return {dx, dw, db, at::Tensor()};
   }
 };
-
-// "(2, 3)": a shape for error messages (streaming IntArrayRef into TORCH_CHECK crashed with PyTorch 2.11).
-std::string shape_text(const at::Tensor& t) {
-  std::string text = "(";
-  for (int64_t d = 0; d < t.dim(); ++d) text += (d ? ", " : "") + std::to_string(t.size(d));
-  return text + (t.dim() == 1 ? ",)" : ")");
-}
 
 at::Tensor fused_cast_linear(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                              at::ScalarType dtype) {
@@ -591,6 +608,7 @@ PyObject* set_bias_grad_planner(PyObject* /*module*/, PyObject* planner) {
   {
     std::lock_guard<std::mutex> lock(bias_grad_plans.mutex);
     bias_grad_plans.plans.clear();
+    ++bias_grad_plans.generation;
     old = bias_grad_plans.planner;
     bias_grad_plans.planner = planner == Py_None ? nullptr : Py_NewRef(planner);
   }

@@ -66,21 +66,30 @@ def load() -> Any | None:
 # -- the fused_cast backward's dW + db GEMMs -------------------------------------------------------------
 
 # every plan handed to C++, by problem, alive for the process: C++ launches them through raw pointers
-_bias_grad_plans: dict[tuple, tuple[Any, tuple[int, ...]]] = {}
+_bias_grad_plans: dict[tuple, tuple[Any, tuple[int, ...]] | None] = {}
+_bias_grad_lock = threading.Lock()
 
 
 def _plan_bias_grad(rows: torch.Tensor, dy: torch.Tensor) -> tuple[int, ...] | bool | None:
-    """C++ asks once per problem: the raw cuBLASLt launch arguments of a BGRADB GEMM for dW and db, plus the
-    pointer alignment they need; None where cuBLASLt cannot, False to be asked again (planning now would
-    break a CUDA graph being captured)."""
-    if torch.cuda.is_current_stream_capturing():
-        return False
+    """C++ asks once per problem (shapes, dtype, device and the alignment of rows and dy): the raw cuBLASLt
+    launch arguments of a BGRADB GEMM for dW and db; None where cuBLASLt cannot, False to be asked again
+    (planning now would break a CUDA graph being captured)."""
+    from ..backends.cublaslt.common import pointer_alignment
+
+    alignments = tuple(pointer_alignment(t.data_ptr()) for t in (rows, dy))
+    key = (dy.device, dy.dtype, *rows.shape, dy.shape[1], *alignments)
+    with _bias_grad_lock:  # one plan per problem: C++ may hold the first one's pointers
+        if key not in _bias_grad_plans:
+            if torch.cuda.is_current_stream_capturing():
+                return False
+            _bias_grad_plans[key] = _new_bias_grad_plan(rows, dy)
+        found = _bias_grad_plans[key]
+    return None if found is None else found[1]
+
+
+def _new_bias_grad_plan(rows: torch.Tensor, dy: torch.Tensor) -> tuple[Any, tuple[int, ...]] | None:
     from ..backends.cublaslt import common, linear
 
-    alignment = min(common.pointer_alignment(rows.data_ptr()), common.pointer_alignment(dy.data_ptr()))
-    key = (dy.device, dy.dtype, *rows.shape, dy.shape[1], alignment)
-    if key in _bias_grad_plans:
-        return _bias_grad_plans[key][1]
     if common.probe() is not None:
         return None
     try:
@@ -92,8 +101,7 @@ def _plan_bias_grad(rows: torch.Tensor, dy: torch.Tensor) -> tuple[int, ...] | b
     if args is None:
         plan.free()
         return None
-    _bias_grad_plans[key] = plan, (*args, alignment)
-    return _bias_grad_plans[key][1]
+    return plan, args
 
 
 def fuse_bias_grad(enabled: bool = True) -> None:
