@@ -296,10 +296,38 @@ int64_t alignment_class(const void* ptr) {
   return address % 256 == 0 ? 256 : static_cast<int64_t>(address & (~address + 1));
 }
 
+// The plan in a planner's tuple of integers (see _plan_bias_grad), or nullptr if it is not one.
+std::shared_ptr<BiasGradGemm> plan_from(PyObject* result) {
+  if (!PyTuple_Check(result) || PyTuple_GET_SIZE(result) != kBiasGradPlanInts) return nullptr;
+  int64_t v[kBiasGradPlanInts];
+  for (Py_ssize_t i = 0; i < kBiasGradPlanInts; ++i) {
+    v[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(result, i));
+    if (v[i] == -1 && PyErr_Occurred()) {
+      PyErr_Clear();
+      return nullptr;
+    }
+  }
+  auto ptr = [&](int i) { return reinterpret_cast<void*>(static_cast<uintptr_t>(v[i])); };
+  auto gemm = std::make_shared<BiasGradGemm>();
+  gemm->matmul = reinterpret_cast<LtMatmul>(ptr(0));
+  gemm->set_attribute = reinterpret_cast<LtSetAttribute>(ptr(1));
+  gemm->bias_pointer_attribute = static_cast<int>(v[2]);
+  gemm->handle = ptr(3);
+  gemm->desc = ptr(4);
+  gemm->alpha = ptr(5);
+  gemm->a_layout = ptr(6);
+  gemm->b_layout = ptr(7);
+  gemm->beta = ptr(8);
+  gemm->c_layout = ptr(9);
+  gemm->d_layout = ptr(10);
+  gemm->algo = ptr(11);
+  gemm->workspace_bytes = v[12];
+  return gemm;
+}
+
 // Ask the Python planner for this problem's plan (with the GIL); nullopt: ask again next time.
 std::optional<std::shared_ptr<BiasGradGemm>> ask_planner(const at::Tensor& rows, const at::Tensor& dy) {
   PyGILState_STATE gil = PyGILState_Ensure();
-  std::optional<std::shared_ptr<BiasGradGemm>> plan = std::shared_ptr<BiasGradGemm>();
   PyObject* planner = bias_grad_plans.planner;
   PyObject* result = nullptr;
   if (planner != nullptr) {
@@ -312,36 +340,8 @@ std::optional<std::shared_ptr<BiasGradGemm>> ask_planner(const at::Tensor& rows,
     if (result == nullptr) PyErr_WriteUnraisable(planner);  // a failing planner means: no plan
     Py_DECREF(planner);
   }
-  if (result == Py_False) {
-    plan = std::nullopt;
-  } else if (result != nullptr && PyTuple_Check(result) && PyTuple_GET_SIZE(result) == kBiasGradPlanInts) {
-    int64_t v[kBiasGradPlanInts];
-    bool ok = true;
-    for (Py_ssize_t i = 0; i < kBiasGradPlanInts; ++i) {
-      v[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(result, i));
-      ok = ok && !(v[i] == -1 && PyErr_Occurred());
-    }
-    if (ok) {
-      auto gemm = std::make_shared<BiasGradGemm>();
-      auto ptr = [&](int i) { return reinterpret_cast<void*>(static_cast<uintptr_t>(v[i])); };
-      gemm->matmul = reinterpret_cast<LtMatmul>(ptr(0));
-      gemm->set_attribute = reinterpret_cast<LtSetAttribute>(ptr(1));
-      gemm->bias_pointer_attribute = static_cast<int>(v[2]);
-      gemm->handle = ptr(3);
-      gemm->desc = ptr(4);
-      gemm->alpha = ptr(5);
-      gemm->a_layout = ptr(6);
-      gemm->b_layout = ptr(7);
-      gemm->beta = ptr(8);
-      gemm->c_layout = ptr(9);
-      gemm->d_layout = ptr(10);
-      gemm->algo = ptr(11);
-      gemm->workspace_bytes = v[12];
-      plan = gemm;
-    } else {
-      PyErr_Clear();
-    }
-  }
+  std::optional<std::shared_ptr<BiasGradGemm>> plan;  // nullopt for False: not now
+  if (result != Py_False) plan = result == nullptr ? nullptr : plan_from(result);
   Py_XDECREF(result);
   PyGILState_Release(gil);
   return plan;
