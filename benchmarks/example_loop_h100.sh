@@ -6,7 +6,7 @@ OUT=${OUT:-/tmp/xrt-loop}
 mkdir -p "$OUT"
 source "$(dirname "$0")/device_env.sh"
 export XPURUNTIME_CACHE_DIR=${XPURUNTIME_CACHE_DIR:-/tmp/xrt-loop-cache}
-timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_pytorch_gpu.py tests/test_pytorch_example.py 2>&1 | tail -3
+timeout 200 python3 -m pytest -q -p no:cacheprovider tests/pytorch/test_pytorch_gpu.py tests/pytorch/test_pytorch_example.py 2>&1 | tail -3
 echo "=== step per policy, the example's loop (interleaved)"
 timeout 240 python3 benchmarks/step_diagnose.py --rounds ${ROUNDS:-20} none autotune layer_norm=triton matmul=cublasLt \
     attention=flash_v2 2>&1 | grep -v Warning | tee "$OUT/step_loop.txt" | grep -v "handed\|^  "

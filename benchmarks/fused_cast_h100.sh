@@ -7,8 +7,8 @@ OUT=${OUT:-/tmp/xrt-fused-cast}
 mkdir -p "$OUT"
 source "$(dirname "$0")/device_env.sh"
 export XPURUNTIME_CACHE_DIR=${XPURUNTIME_CACHE_DIR:-/tmp/xrt-fused-cast-cache}
-timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_pytorch_autocast_linear.py tests/test_pytorch_gpu.py \
-    tests/test_pytorch_example.py tests/test_pytorch_native_routes.py 2>&1 | tail -4
+timeout 300 python3 -m pytest -q -p no:cacheprovider tests/pytorch/test_pytorch_autocast_linear.py tests/pytorch/test_pytorch_gpu.py \
+    tests/pytorch/test_pytorch_example.py tests/pytorch/test_pytorch_native_routes.py 2>&1 | tail -4
 echo "=== step per policy, interleaved"
 timeout 300 python3 benchmarks/step_diagnose.py --rounds ${ROUNDS:-20} none autocast_linear=fused_cast \
     autocast_linear=fused_cast/unfused-db autotune 2>&1 | grep -v Warning | tee "$OUT/step.txt" | grep -v "handed\|^  "

@@ -27,7 +27,7 @@ def bench(fn) -> float:
 
 def run_tests(out: Path) -> None:
     cmd = [sys.executable, "-m", "pytest", "-q", "-rs", "-n", "8", "-p", "no:cacheprovider",
-           "tests/test_triton_kernels.py", "tests/test_triton_backend.py"]  # fmt: skip
+           "tests/backends/triton/test_triton_kernels.py", "tests/backends/triton/test_triton_backend.py"]  # fmt: skip
     start = time.time()
     proc = subprocess.run(cmd, capture_output=True, text=True)
     (out / "pytest_triton_gpu.txt").write_text(proc.stdout + proc.stderr)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE_DIR = Path(__file__).resolve().parents[1] / "src" / "xpuruntime"
+PACKAGE_DIR = Path(__file__).resolve().parents[2] / "src" / "xpuruntime"
 
 # Deferred (function-level) imports that close a cycle, each with why it is deferred rather than gone.
 # An import here runs only when the function runs, never while the modules load.

@@ -29,7 +29,7 @@ _BLOCK_TORCH = textwrap.dedent(
 
 
 def _python(code: str, **env: str) -> subprocess.CompletedProcess:
-    src = os.path.join(os.path.dirname(__file__), "..", "src")
+    src = os.path.join(os.path.dirname(__file__), "..", "..", "src")
     environ = {**os.environ, "PYTHONPATH": os.path.abspath(src), **env}
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=environ, timeout=120)
 

@@ -15,7 +15,7 @@ from xpuruntime import bench
 from xpuruntime.bench import Row, Setup
 from xpuruntime.cli import main
 
-EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "examples", "train_gpt.py")
+EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "train_gpt.py")
 
 
 def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:

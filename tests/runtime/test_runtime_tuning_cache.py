@@ -18,7 +18,7 @@ import pytest
 from xpuruntime.runtime import tuning_cache
 from xpuruntime.runtime.tuning_cache import TuningCache, TuningCacheWarning
 
-SRC = str(Path(__file__).resolve().parents[1] / "src")
+SRC = str(Path(__file__).resolve().parents[2] / "src")
 
 
 def random_config(rng: np.random.Generator) -> dict:

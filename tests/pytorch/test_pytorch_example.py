@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-_PATH = os.path.join(os.path.dirname(__file__), "..", "examples", "train_gpt.py")
+_PATH = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "train_gpt.py")
 
 
 def _example():
