@@ -29,21 +29,7 @@ from ..errors import UnsupportedByPolicyError, XpuRuntimeError
 from ..graph.ir import Graph, Node
 from .errors import NodeExecutionError
 from .lowering import XRT_DOMAIN, flattens, lower
-from .opmap import OPS
-
-ALWAYS_STATIC = frozenset({"Shape", "Size"})
-# node inputs whose values set the shape of the node's output: fed by a value that is not constant for the
-# signature (a graph input's values, say), the output's shape can change from run to run of one plan
-SHAPE_INPUTS = {
-    "Reshape": (1,), "Expand": (1,), "Tile": (1, 2), "Slice": (1, 2, 3, 4), "Range": (0, 1, 2),
-    "ConstantOfShape": (0,), "Squeeze": (1,), "Unsqueeze": (1,), "Split": (1,), "Pad": (1, 3), "TopK": (1,),
-    "Resize": (1, 2, 3), "Upsample": (1,),
-    **{f"Reduce{op}": (1,) for op in ("Sum", "Mean", "Max", "Min", "Prod", "L1", "L2", "SumSquare", "LogSum",
-                                      "LogSumExp")},
-}  # fmt: skip
-TUPLE_RESULTS = frozenset(
-    {"LayerNormalization", "Split", "TopK", "Dropout"}
-)  # op-map functions that return a tuple  # their outputs depend only on the input signature
+from .ops import OPS
 
 
 @dataclass
@@ -82,6 +68,7 @@ class ExecutionPlan:
     varying: int = 0  # steps whose input shapes depend on input values (run by the op map, never captured)
     static_outputs: set[int] = field(default_factory=set)  # outputs that are plan constants: copied out
     reused_buffers: int = 0
+    nbytes: int = 0  # host memory the plan keeps alive (see _held_bytes)
     profile: list[tuple[str, float]] = field(default_factory=list)
     plain_template: list | None = None  # the template without the reused buffers (for concurrent runs)
     bound_template: list | None = None  # the template plus every fixed value of a shared-buffer run
@@ -155,9 +142,12 @@ class Planner:
     """Builds an ExecutionPlan for one input signature by running the graph once (NumPy arrays; the GPU
     planner overrides the hooks marked below for device tensors)."""
 
-    op_table: dict = OPS  # hook: the functions of non-kernel steps
-    step_kind = "numpy"  # hook: how explain() labels them
+    step_kind = "numpy"  # hook: how explain() labels non-kernel steps
     wrap: Callable = staticmethod(np.asarray)  # hook: what a non-kernel step's result is turned into
+
+    def function(self, node: Node) -> Callable:
+        """Hook: a non-kernel step's function (built by the op record's NumPy builder here)."""
+        return OPS[node.op].numpy(node, self.graph.opset)
 
     def __init__(self, graph: Graph, dispatcher: Dispatcher, fns: dict[int, Callable], reuse_memory: bool = True):
         self.graph = graph
@@ -195,7 +185,7 @@ class Planner:
             ins = tuple(slot(n) for n in node.inputs)
             outs = tuple(slot(n) for n in node.outputs)
             args = [values[i] for i in ins]
-            shape_only = node.op in ALWAYS_STATIC and not node.domain and ins[0] not in varying
+            shape_only = not node.domain and OPS[node.op].shape_only and ins[0] not in varying
             is_static = shape_only or all(i in static for i in ins)
             if is_static and node.domain != XRT_DOMAIN:
                 try:
@@ -232,13 +222,16 @@ class Planner:
             plan.reused_buffers = _assign_buffers(plan, values, set(output_slots) | set(input_slots))
             plan.plain_template += [None] * (len(plan.template) - len(plan.plain_template))
             _bind(plan)
+        for step in steps:
+            step.last_out = None  # only buffer assignment needed it: the plan must not keep a result alive
+        plan.nbytes = _held_bytes(plan.template, graph.initializers)
         return plan, _results(values, output_slots, plan.static_outputs, feeds.values())
 
     # -- steps -------------------------------------------------------------------------------
     def _call_numpy(self, node: Node, args: list) -> tuple:
         fn = self.static_fns.get(id(node))
         if fn is None:
-            fn = self.static_fns[id(node)] = OPS[node.op](node, self.graph.opset)
+            fn = self.static_fns[id(node)] = OPS[node.op].numpy(node, self.graph.opset)
         result = fn(*args)
         return _as_outputs(node, result)
 
@@ -247,6 +240,8 @@ class Planner:
         function (or the xrt op's fallback), with the failure kept in the step's note for explain()."""
         try:
             step.run(values)
+            if step.kind == "kernel":
+                step.last_out = _written(step, values[step.outputs[0]])
             return step
         except Exception as exc:
             if step.kind != "kernel":
@@ -256,10 +251,7 @@ class Planner:
         if node.domain == XRT_DOMAIN:
             replacement = self._fallback_step(node, ins, step.outputs, note)
         else:
-            fn = self.fns.get(id(node)) or self.op_table[node.op](node, self.graph.opset)
-            self.fns[id(node)] = fn
-            replacement = _numpy_step(node, ins, step.outputs, fn, note, self.wrap)
-            replacement.kind = self.step_kind
+            replacement = self._op_map_step(node, ins, step.outputs, note)
         replacement.run(values)
         return replacement
 
@@ -303,10 +295,17 @@ class Planner:
             return self._fallback_step(node, ins, outs, note or "no lowering")
         fn = self.fns.get(id(node))
         if fn is None:
-            fn = self.fns[id(node)] = self.op_table[node.op](node, self.graph.opset)
+            fn = self.fns[id(node)] = self.function(node)
         step = _numpy_step(node, ins, outs, fn, note, self.wrap)
         step.kind = self.step_kind
         return step
+
+
+def _written(step: Step, value: Any) -> Any:
+    """The array a kernel step wrote: its output, or for a flattened MatMul the (M, N) array it views."""
+    if step.flat and isinstance(value, np.ndarray):
+        return value.reshape(-1, value.shape[-1])
+    return value
 
 
 def _varies(node: Node, ins: tuple, static: set[int], varying: set[int]) -> bool:
@@ -314,7 +313,7 @@ def _varies(node: Node, ins: tuple, static: set[int], varying: set[int]) -> bool
     a shape-setting input (a Reshape's target, a Slice's bounds, a Reduce's axes) is not a constant."""
     if any(i in varying for i in ins):
         return True
-    positions = SHAPE_INPUTS.get(node.op, ()) if not node.domain else ()
+    positions = OPS[node.op].shape_inputs if not node.domain else ()
     return any(p < len(ins) and ins[p] not in static for p in positions)
 
 
@@ -325,7 +324,7 @@ def _as_outputs(node: Node, result: Any) -> tuple:
 
 def _numpy_step(node: Node, ins: tuple, outs: tuple, fn: Callable, note: str, wrap: Callable) -> Step:
     step = Step(node, "numpy", ins, outs, fn=fn, note=note)
-    if len(outs) == 1 and node.op not in TUPLE_RESULTS:
+    if len(outs) == 1 and not OPS[node.op].tuple_output:
         (o,) = outs
 
         if len(ins) == 1:
@@ -387,7 +386,6 @@ def _kernel_step(
             env[o] = out
         if finish is not None:
             finish(stream)
-        step.last_out = out
 
     step.run = run
     return step
@@ -408,6 +406,21 @@ def _reference_step(node: Node, ins: tuple, outs: tuple, dispatcher: Dispatcher,
     step = Step(node, "numpy", ins, outs, note=f"float64 reference; {note}"[:300])
     step.run = run
     return step
+
+
+def _held_bytes(template: list, initializers: dict[str, Any]) -> int:
+    """Bytes of host memory a plan's template keeps alive besides the graph's initializers: values folded for
+    the signature and reused buffers (a view counts as the array it views, once)."""
+    shared = {id(a) for a in initializers.values()}
+    counted: set[int] = set()
+    total = 0
+    for value in template:
+        while isinstance(value, np.ndarray) and value.base is not None:
+            value = value.base
+        if isinstance(value, np.ndarray) and id(value) not in shared and id(value) not in counted:
+            counted.add(id(value))
+            total += value.nbytes
+    return total
 
 
 def _assign_buffers(plan: ExecutionPlan, values: list, pinned: set[int]) -> int:

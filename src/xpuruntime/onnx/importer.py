@@ -16,9 +16,7 @@ from onnx import helper, numpy_helper
 
 from ..graph.ir import Dim, Graph, GraphError, Node, Value
 from .errors import ModelLoadError, UnsupportedModelError
-from .forms import check_forms
-from .legacy import upgrade
-from .opmap import SUPPORTED
+from .ops import OPS, SUPPORTED, LoadContext
 
 MIN_OPSET = 1
 DEFAULT_DOMAINS = ("", "ai.onnx")
@@ -68,7 +66,7 @@ def dtype_name(elem_type: int) -> str:
         )
 
 
-def _value(info: onnx.ValueInfoProto) -> Value:
+def value_of(info: onnx.ValueInfoProto) -> Value:
     t = info.type
     if not t.HasField("tensor_type"):
         return Value(info.name, f"non-tensor ({t.WhichOneof('value') or 'unknown'})", None)
@@ -150,7 +148,7 @@ def overridable_initializers(model: onnx.ModelProto, graph: Graph) -> list[Value
         array = graph.initializers.get(info.name)
         if array is None or info.name not in names or any(v.name == info.name for v in found):
             continue
-        declared = _value(info)
+        declared = value_of(info)
         found.append(Value(info.name, declared.dtype or array.dtype.name, declared.shape))
     return found
 
@@ -169,11 +167,11 @@ def import_model(model: onnx.ModelProto, base_dir: str | None = None) -> Graph:
         raise UnsupportedModelError(f"opset {opset} is too old; the session supports opset {MIN_OPSET} and newer")
     g = model.graph
     initializers = {init.name: _tensor(init, base_dir) for init in g.initializer}
-    inputs = [_value(v) for v in g.input if v.name not in initializers]
-    outputs = [_value(v) for v in g.output]
+    inputs = [value_of(v) for v in g.input if v.name not in initializers]
+    outputs = [value_of(v) for v in g.output]
     if not outputs:
         raise ModelLoadError("the model's graph has no outputs")
-    values = {v.name: _value(v) for v in g.value_info}
+    values = {v.name: value_of(v) for v in g.value_info}
     nodes: list[Node] = []
     for index, proto in enumerate(g.node):
         try:
@@ -199,10 +197,24 @@ def import_model(model: onnx.ModelProto, base_dir: str | None = None) -> Graph:
             graph.initializers[node.outputs[0]] = _checked_constant(node)
         else:
             graph.nodes.append(node)
-    upgrade(graph, model)
-    check_forms(graph, {value.name for value in overridable_initializers(model, graph)})
+    _rewrite_and_check(graph, model)
     graph.verify()
     return graph
+
+
+def _rewrite_and_check(graph: Graph, model: onnx.ModelProto) -> None:
+    """Old-opset forms rewritten (each op record's `upgrade`: attributes that later versions made inputs
+    become constant inputs, defaults that changed are written out, legacy broadcasting becomes NumPy's),
+    then attribute values the session declines refused (each record's `check`)."""
+    ctx = LoadContext(graph, model, {value.name for value in overridable_initializers(model, graph)})
+    for node in list(graph.nodes):
+        upgrade = OPS[node.op].upgrade if not node.domain else None
+        if upgrade is not None:
+            upgrade(node, ctx)
+    for node in list(graph.nodes):
+        check = OPS[node.op].check if not node.domain else None
+        if check is not None:
+            check(node, ctx)
 
 
 def _check_arity(node: Node, opset: int) -> None:

@@ -11,26 +11,25 @@ which those are inputs: nothing folded, fused or packed from their defaults is u
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from ..dispatch import Dispatcher, default_dispatcher
-from ..errors import ArgumentError, DTypeError, ShapeError
+from ..errors import ArgumentError
 from ..graph.ir import Graph, Value
 from ..graph.passes import PassRecord, optimize
-from ..policy import KernelPolicy, as_policy, current_policy, kernel_policy
+from ..policy import KernelPolicy, as_policy
 from .errors import InputFeedError
-from .executor import ExecutionPlan, Planner
+from .executor import ExecutionPlan
 from .importer import import_model, load_model, overridable_initializers
 from .options import GraphOptimizationLevel, SessionOptions
+from .runners import GraphVariant, Runner, make_runner
+from .semantics import ONNX_SEMANTICS
 
 _ONNX_TYPE = {
     "float32": "float", "float64": "double", "float16": "float16", "int64": "int64", "int32": "int32",
@@ -53,14 +52,7 @@ def _node_arg(v: Value) -> NodeArg:
     return NodeArg(v.name, shape, f"tensor({_ONNX_TYPE.get(v.dtype or '', v.dtype or 'unknown')})")
 
 
-@dataclass(frozen=True)
-class GraphVariant:
-    """The optimized graph a run uses: `fed` names the overridable initializers the run feeds (inputs
-    here, after the model's own inputs); `inputs` is the graph's inputs, in the order feeds are passed."""
-
-    fed: frozenset[str]
-    graph: Graph
-    inputs: tuple[Value, ...]
+RunnerFactory = Callable[[Dispatcher, "KernelPolicy | None", SessionOptions, Graph], Runner]
 
 
 class InferenceSession:
@@ -75,7 +67,9 @@ class InferenceSession:
         policy: KernelPolicy | str | Mapping | None = None,
         device: str = "cpu",
         dispatcher: Dispatcher | None = None,
+        runner: RunnerFactory | None = None,
     ) -> None:
+        """`runner` replaces the runner the device would get (a factory; see runners.gpu_runner_factory)."""
         self.options = sess_options or SessionOptions()
         self.options.graph_optimization_level = GraphOptimizationLevel.parse(self.options.graph_optimization_level)
         self.policy = as_policy(policy)
@@ -86,24 +80,21 @@ class InferenceSession:
         self.original = import_model(model, base_dir)
         self._ir_version = int(model.ir_version)
         self._overridable = overridable_initializers(model, self.original)
-        level = self.options.graph_optimization_level
-        self.graph, self.pass_summary = optimize(self.original, level, self.dispatcher, self.device)
+        self.graph, self.pass_summary = self._optimize(self.original)
         self._inputs = list(self.original.inputs)
         self._outputs = list(self.original.outputs)
         self._variants = {frozenset(): GraphVariant(frozenset(), self.graph, tuple(self.graph.inputs))}
-        self._fns: dict[int, Any] = {}
-        self._plans: dict[tuple, ExecutionPlan] = {}
         self._lock = threading.Lock()
-        self._profile_events: list[dict] = []
-        self._backend = None
-        if self.device != "cpu":
-            from .gpu import GpuRunner
-
-            self._backend = GpuRunner(self)
+        make = runner or (lambda *args: make_runner(self.device, *args))
+        self.runner: Runner = make(self.dispatcher, self.policy, self.options, self.graph)
         if self.options.optimized_model_filepath:
             from .export import save_graph
 
             save_graph(self.graph, self.options.optimized_model_filepath)
+
+    def _optimize(self, graph: Graph) -> tuple[Graph, list[PassRecord]]:
+        level = self.options.graph_optimization_level
+        return optimize(graph, level, self.dispatcher, self.device, ONNX_SEMANTICS)
 
     # -- onnxruntime API ---------------------------------------------------------------------
     def get_inputs(self) -> list[NodeArg]:
@@ -117,57 +108,18 @@ class InferenceSession:
         return [_node_arg(v) for v in self._overridable]
 
     def get_providers(self) -> list[str]:
-        return ["CUDAExecutionProvider"] if self.device != "cpu" else ["CPUExecutionProvider"]
+        return [self.runner.provider]
 
     def run(self, output_names: Sequence[str] | None, input_feed: Mapping[str, Any], run_options: Any = None) -> list:
         """Outputs named in `output_names` (all for None), as NumPy arrays (device tensors for device feeds)."""
         wanted = self._output_indices(output_names)
-        if self._backend is not None:
-            results = self._backend.run(input_feed)
-        else:
-            variant, feeds = self.variant_feeds(input_feed)
-            plan, first = self._plan_for(variant, feeds)
-            if first is not None:
-                results = first
-            else:
-                start = time.perf_counter_ns()
-                results = plan.run(feeds, self.options.enable_profiling)
-                if self.options.enable_profiling:
-                    self._record_profile(plan, start)
+        results = self.runner.run(self.variant_for(input_feed), input_feed)
         return [results[i] for i in wanted]
 
     # -- planning ----------------------------------------------------------------------------
-    def _policy_scope(self) -> Any:
-        return kernel_policy(self.policy) if self.policy is not None else contextlib.nullcontext()
-
-    def _plan_for(self, variant: GraphVariant, feeds: list[np.ndarray]) -> tuple[ExecutionPlan, list | None]:
-        policy = self.policy or current_policy()
-        key = (policy.fingerprint, variant.fed, *[(a.dtype, a.shape) for a in feeds])
-        plan = self._plans.get(key)
-        if plan is not None:
-            return plan, None
-        with self._lock, self._policy_scope():
-            planner = Planner(variant.graph, self.dispatcher, self._fns, self.options.enable_mem_reuse)
-            plan, outputs = planner.build({v.name: a for v, a in zip(variant.inputs, feeds)})
-            self._plans[key] = plan
-        return plan, outputs
-
     def plan(self, input_feed: Mapping[str, Any]) -> ExecutionPlan:
         """The execution plan for these inputs' signature (made and cached on first use)."""
-        return self._plan_for(*self.variant_feeds(input_feed))[0]
-
-    def check_feed(self, input_feed: Mapping[str, Any]) -> list[np.ndarray]:
-        """Inputs in graph order as contiguous arrays (fed initializers after the model's inputs); errors
-        name the input and what was expected."""
-        return self.variant_feeds(input_feed)[1]
-
-    def variant_feeds(self, input_feed: Mapping[str, Any]) -> tuple[GraphVariant, list[np.ndarray]]:
-        """The graph variant for the names fed, and the feeds checked against it, in its input order."""
-        variant = self.variant_for(input_feed)
-        feeds, symbols = [], {}
-        for v in variant.inputs:
-            feeds.append(_check_input(v, input_feed[v.name], symbols))
-        return variant, feeds
+        return self.runner.plan(self.variant_for(input_feed), input_feed)
 
     def variant_for(self, input_feed: Mapping[str, Any]) -> GraphVariant:
         """Check the names fed (unknown, missing, constant initializers) and pick the graph variant."""
@@ -210,8 +162,7 @@ class InferenceSession:
         for v in fed:
             del graph.initializers[v.name]
         graph.inputs = [*graph.inputs, *fed]
-        level = self.options.graph_optimization_level
-        optimized, _ = optimize(graph, level, self.dispatcher, self.device)
+        optimized, _ = self._optimize(graph)
         return GraphVariant(frozenset(v.name for v in fed), optimized, tuple(optimized.inputs))
 
     def _output_indices(self, output_names: Sequence[str] | None) -> list[int]:
@@ -235,15 +186,9 @@ class InferenceSession:
         lines += [
             f"  pass {r.name:<22} nodes {r.before:>4} -> {r.after:<4} ({r.changes} changes)" for r in self.pass_summary
         ]
-        if self._backend is not None:
-            if input_feed is not None:
-                self.run(None, input_feed)
-            entries = list(self._backend.entries.values())
-            plan = entries[-1].plan if entries else None
-            if entries:
-                lines.append(f"  {entries[-1].note}")
-        else:
-            plan = self.plan(input_feed) if input_feed is not None else next(reversed(self._plans.values()), None)
+        plan = self.plan(input_feed) if input_feed is not None else self.runner.last_plan()
+        if self.runner.status():
+            lines.append(f"  {self.runner.status()}")
         if plan is None:
             lines.append("  (no plan yet: run the model or pass input_feed)")
             return "\n".join(lines)
@@ -258,29 +203,20 @@ class InferenceSession:
     def plan_summary(self) -> dict[str, int]:
         """Steps per kernel (or 'numpy op map') over all plans made so far."""
         counts: dict[str, int] = {}
-        plans = self._backend.plans() if self._backend is not None else self._plans.values()
-        for plan in plans:
+        for plan in self.runner.plans():
             for step in plan.steps:
                 key = step.describe().split(" (")[0]
                 counts[key] = counts.get(key, 0) + 1
         return counts
 
     # -- profiling ---------------------------------------------------------------------------
-    def _record_profile(self, plan: ExecutionPlan, start: int) -> None:
-        t = start / 1000.0
-        for name, us in plan.profile:
-            self._profile_events.append({"name": name, "ph": "X", "ts": t, "dur": us, "pid": 0, "tid": 0})
-            t += us
-        plan.profile.clear()
-
     def end_profiling(self) -> str:
         """Write the recorded node times as a Chrome trace; returns the file name ('' if not profiling)."""
         if not self.options.enable_profiling:
             return ""
         path = f"{self.options.profile_file_prefix}_{time.strftime('%Y%m%d_%H%M%S')}.json"
         with open(path, "w") as f:
-            json.dump({"traceEvents": self._profile_events}, f)
-        self._profile_events = []
+            json.dump({"traceEvents": self.runner.take_profile()}, f)
         return path
 
     @property
@@ -308,39 +244,3 @@ def _check_device(device: str, providers: Sequence[str] | None) -> str:
     if not isinstance(device, str) or not (device == "cpu" or device.startswith("cuda")):
         raise ArgumentError(f"InferenceSession: argument 'device' expected 'cpu' or 'cuda[:N]', got {device!r}")
     return device
-
-
-def _check_input(v: Value, value: Any, symbols: dict[str, tuple[str, int]]) -> np.ndarray:
-    try:
-        array = np.asarray(value)
-        if not array.flags.c_contiguous:
-            array = np.ascontiguousarray(array)
-    except Exception as exc:
-        raise InputFeedError(f"run: input '{v.name}' cannot be converted to an array: {exc}") from None
-    if v.dtype is not None and array.dtype.name != v.dtype:
-        raise DTypeError(f"run: input '{v.name}' expected dtype {v.dtype}, got {array.dtype.name}")
-    check_shape(v, array.shape, symbols)
-    return array
-
-
-def check_shape(v: Value, shape: tuple[int, ...], symbols: dict[str, tuple[str, int]]) -> None:
-    """Rank, fixed dims and symbolic dims shared between inputs; errors name the input and the dim."""
-    if v.shape is None:
-        return
-    if len(shape) != len(v.shape):
-        raise ShapeError(
-            f"run: input '{v.name}' expected rank {len(v.shape)} (shape {list(v.shape)}), got shape {list(shape)}"
-        )
-    for axis, (want, got) in enumerate(zip(v.shape, shape)):
-        if isinstance(want, int) and want != got:
-            raise ShapeError(
-                f"run: input '{v.name}' expected size {want} on dim {axis} (shape {list(v.shape)}), "
-                f"got shape {list(shape)}"
-            )
-        if isinstance(want, str):
-            seen = symbols.setdefault(want, (v.name, got))
-            if seen[1] != got:
-                raise ShapeError(
-                    f"run: input '{v.name}' dim {axis} ('{want}') is {got}, "
-                    f"but input '{seen[0]}' has '{want}' = {seen[1]}"
-                )

@@ -15,20 +15,11 @@ if TYPE_CHECKING:
 MAX_FOLDED_ELEMENTS = 1 << 20
 
 
-def _evaluate(graph: Graph, node: Node) -> list[np.ndarray] | None:
-    from ...onnx.opmap import OPS
-
-    builder = OPS.get(node.op)
-    if builder is None or node.domain:
-        return None
+def _evaluate(graph: Graph, node: Node, ctx: PassContext) -> list[np.ndarray] | None:
     args = [graph.constant(n) if n else None for n in node.inputs]
-    try:
-        with np.errstate(all="ignore"):
-            result = builder(node, graph.opset)(*args)
-    except Exception:  # leave it to run time, where the error names the node
+    arrays = ctx.semantics.evaluate(node, args, graph.opset)  # None: left to run time, whose error names the node
+    if arrays is None:
         return None
-    results = list(result) if isinstance(result, tuple | list) else [result]
-    arrays = [np.array(r) for r in results[: len(node.outputs)]]  # owned, writable copies
     return arrays if all(a.size <= MAX_FOLDED_ELEMENTS for a in arrays) else None
 
 
@@ -72,7 +63,7 @@ def run(graph: Graph, ctx: PassContext) -> int:
             kept.append(node)
             continue
         if all(not n or graph.constant(n) is not None for n in node.inputs):
-            results = _evaluate(graph, node)
+            results = _evaluate(graph, node, ctx)
         elif node.op == "Shape":
             shape = _known_shape(graph, node)
             results = None if shape is None else [shape]

@@ -1,0 +1,14 @@
+"""The ONNX ops the session runs: one `OpRecord` per op (see record.py), in one module per op family.
+
+Adding an op: write its NumPy builder (and its PyTorch builder for the GPU path) in the family's module and
+call `op(...)` with the facts about it; importing the module here registers it. Nothing else lists ops.
+"""
+
+from __future__ import annotations
+
+from . import elementwise, indexing, linalg, nn, pad, reduce, resize, shape  # noqa: F401 (they register)
+from .record import OPS, LoadContext, OpRecord
+
+SUPPORTED = frozenset(OPS) | {"Constant"}  # Constant nodes become initializers when the model is loaded
+
+__all__ = ["OPS", "SUPPORTED", "LoadContext", "OpRecord"]

@@ -1,0 +1,183 @@
+"""Neural-network ONNX ops: Softmax and LogSoftmax, LayerNormalization (both through the selector's
+kernels where they fit), Dropout (inference only)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from ...errors import ArgumentError
+from ...graph.ir import Node
+from ..errors import UnsupportedModelError
+from .record import Fn, LoadContext, Lowered, axis_index, is_float, op, to_host, torch
+
+
+# -- Softmax and LogSoftmax --------------------------------------------------------------------------------------
+def softmax(node: Node, opset: int) -> Fn:
+    log = node.op == "LogSoftmax"
+    axis = node.attrs.get("axis", -1 if opset >= 13 else 1)
+
+    def along(x: np.ndarray, ax: int) -> np.ndarray:
+        shifted = x - np.max(x, axis=ax, keepdims=True)
+        e = np.exp(shifted)
+        s = np.sum(e, axis=ax, keepdims=True)
+        return (shifted - np.log(s)) if log else e / s
+
+    def run(x: np.ndarray) -> np.ndarray:
+        if x.size == 0:
+            return x.copy()
+        if opset >= 13:
+            return along(x, axis).astype(x.dtype, copy=False)
+        ax = axis % max(x.ndim, 1)  # before opset 13: the input is coerced to 2-D at `axis`
+        flat = x.reshape(math.prod(x.shape[:ax]), -1)
+        return along(flat, 1).reshape(x.shape).astype(x.dtype, copy=False)
+
+    return run
+
+
+def softmax_torch(node: Node, opset: int) -> Fn:
+    axis = node.attrs.get("axis", -1 if opset >= 13 else 1)
+
+    def run(x: Any) -> Any:
+        fn = torch.log_softmax if node.op == "LogSoftmax" else torch.softmax
+        if opset >= 13:
+            return fn(x, axis)
+        ax = axis % x.dim()
+        return fn(x.reshape(math.prod(x.shape[:ax]), -1), 1).reshape(x.shape)
+
+    return run
+
+
+def lower_softmax(node: Node, args: list, opset: int) -> Lowered | None:
+    (x,) = args
+    if opset >= 13 and is_float(x) and x.ndim >= 1:
+        return "softmax", (0,), {"axis": node.attrs.get("axis", -1)}
+    return None
+
+
+op("Softmax", softmax, softmax_torch, lower=lower_softmax)
+op("LogSoftmax", softmax, softmax_torch)
+
+
+# -- LayerNormalization ------------------------------------------------------------------------------------------
+def layer_norm(node: Node, opset: int) -> Fn:
+    axis, eps = node.attrs.get("axis", -1), node.attrs.get("epsilon", 1e-5)
+
+    def run(x: np.ndarray, scale: np.ndarray, bias: np.ndarray | None = None) -> tuple:
+        ax = axis_index("LayerNormalization", axis, x.ndim)
+        axes = tuple(range(ax, x.ndim))
+        xf = x.astype(np.float32) if x.dtype == np.float16 else x
+        mean = xf.mean(axis=axes, keepdims=True)
+        centered = xf - mean
+        inv_std = 1.0 / np.sqrt(np.mean(centered * centered, axis=axes, keepdims=True) + eps)
+        y = centered * inv_std * scale
+        if bias is not None:
+            y = y + bias
+        return y.astype(x.dtype), mean.astype(np.float32), inv_std.astype(np.float32)
+
+    return run
+
+
+def layer_norm_torch(node: Node, opset: int) -> Fn:
+    axis, eps = node.attrs.get("axis", -1), node.attrs.get("epsilon", 1e-5)
+
+    def run(x: Any, scale: Any, bias: Any = None) -> tuple:
+        axes = tuple(range(axis_index("LayerNormalization", axis, x.dim()), x.dim()))
+        xf = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+        mean = xf.mean(dim=axes, keepdim=True)
+        centered = xf - mean
+        inv = torch.rsqrt((centered * centered).mean(dim=axes, keepdim=True) + eps)
+        y = centered * inv * scale
+        y = y if bias is None else y + bias
+        return y.to(x.dtype), mean.float(), inv.float()
+
+    return run
+
+
+def lower_layer_norm(node: Node, args: list, opset: int) -> Lowered | None:
+    if any(node.outputs[1:]):  # Mean / InvStdDev are wanted: only the op map computes them
+        return None
+    x, scale, *rest = args
+    bias = rest[0] if rest else None
+    if not is_float(x) or x.ndim == 0:
+        return None
+    dims = x.shape[node.attrs.get("axis", -1) % x.ndim :]
+    if scale.shape != dims or scale.dtype != x.dtype:
+        return None
+    if bias is not None and (bias.shape != dims or bias.dtype != x.dtype):
+        return None
+    attrs = {"normalized_shape": dims, "eps": float(node.attrs.get("epsilon", 1e-5))}
+    return "layer_norm", (0, 1, 2 if bias is not None else None), attrs
+
+
+op("LayerNormalization", layer_norm, layer_norm_torch, tuple_output=True, lower=lower_layer_norm)
+
+
+# -- Dropout (inference) -----------------------------------------------------------------------------------------
+def _ratio_and_training(node: Node, ctx: LoadContext) -> tuple[float | None, bool | None]:
+    """A Dropout's ratio and training flag where the model fixes them (None: fed, overridable or computed
+    at run time)."""
+    graph = ctx.graph
+    if graph.opset < 12:  # ratio is an attribute; before opset 7, is_test=0 (the default) means training
+        return float(node.attrs.get("ratio", 0.5)), graph.opset < 7 and not node.attrs.get("is_test", 0)
+    ratio, training = 0.5, False
+    if len(node.inputs) > 1 and node.inputs[1]:
+        value = None if node.inputs[1] in ctx.overridable else graph.constant(node.inputs[1])
+        ratio = None if value is None else float(np.asarray(value).reshape(-1)[0])
+    if len(node.inputs) > 2 and node.inputs[2]:
+        value = None if node.inputs[2] in ctx.overridable else graph.constant(node.inputs[2])
+        training = None if value is None else bool(np.asarray(value).reshape(-1)[0])
+    return ratio, training
+
+
+def check_dropout(node: Node, ctx: LoadContext) -> None:
+    """Dropout in inference is the identity (its mask all True); a training-mode Dropout that drops
+    anything is random and declined. One whose mask nobody reads becomes an Identity (which the graph
+    passes then remove)."""
+    ratio, training = _ratio_and_training(node, ctx)
+    if training and ratio != 0:
+        flag = "is_test=0" if ctx.graph.opset < 7 else "training_mode=True"
+        raise UnsupportedModelError(
+            f"{node.describe()}: {flag} makes Dropout drop values at random (training); the session runs "
+            "inference only: supported are training_mode False or absent (is_test=1 before opset 7), or ratio 0"
+        )
+    if training is not None and not any(node.outputs[1:]):
+        node.op, node.inputs, node.outputs, node.attrs = "Identity", node.inputs[:1], node.outputs[:1], {}
+
+
+def check_inference_dropout(ratio: Any, training: Any) -> None:
+    """A training_mode fed as True drops values at random unless the ratio is 0: refused, as the session
+    runs inference only (a constant one is declined at load time)."""
+    on = training is not None and bool(np.asarray(training).reshape(-1)[0])
+    if on and (ratio is None or np.asarray(ratio).reshape(-1)[0] != 0):
+        raise ArgumentError(
+            "Dropout: training_mode=True with a ratio above 0 drops values at random; the session runs "
+            "inference only (training_mode False, or ratio 0)"
+        )
+
+
+def dropout(node: Node, opset: int) -> Fn:
+    mask = len(node.outputs) > 1 and bool(node.outputs[1])  # all True: bool from opset 10, x's type before
+
+    def run(x: np.ndarray, ratio: Any = None, training: Any = None) -> tuple:
+        check_inference_dropout(ratio, training)
+        return (x, np.ones(x.shape, bool if opset >= 10 else x.dtype)) if mask else (x,)
+
+    return run
+
+
+def dropout_torch(node: Node, opset: int) -> Fn:
+    mask = len(node.outputs) > 1 and bool(node.outputs[1])
+
+    def run(x: Any, ratio: Any = None, training: Any = None) -> tuple:
+        check_inference_dropout(to_host(ratio), to_host(training))
+        if not mask:
+            return (x,)
+        return x, torch.ones(x.shape, dtype=torch.bool if opset >= 10 else x.dtype, device=x.device)
+
+    return run
+
+
+op("Dropout", dropout, dropout_torch, host_inputs=(1, 2), tuple_output=True, check=check_dropout)

@@ -1,0 +1,334 @@
+"""Shape and layout ONNX ops: Shape, Size, Reshape, Flatten, Transpose, Squeeze, Unsqueeze, Concat, Split,
+Slice, Expand, Tile, Range, ConstantOfShape. Their shape operands (targets, axes, bounds) are read on the
+host; on the GPU path these are host arrays, so reading them costs no sync."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from ...errors import ArgumentError, ShapeError
+from ...graph.ir import GraphError, Node
+from .record import Fn, LoadContext, axis_index, ints, op, scalar, to_host, torch, torch_dtype
+
+
+def shape(node: Node, opset: int) -> Fn:
+    start, end = node.attrs.get("start", 0), node.attrs.get("end")
+    return lambda x: np.array(tuple(x.shape)[start:end], np.int64)
+
+
+def shape_torch(node: Node, opset: int) -> Fn:  # folded while planning unless the shape varies per run
+    start, end = node.attrs.get("start", 0), node.attrs.get("end")
+    return lambda x: torch.tensor(tuple(x.shape)[start:end], dtype=torch.int64, device=x.device)
+
+
+op("Shape", shape, shape_torch, shape_only=True)
+
+
+def size_torch(node: Node, opset: int) -> Fn:
+    return lambda x: torch.tensor(x.numel(), dtype=torch.int64, device=x.device)
+
+
+op("Size", lambda node, opset: lambda x: np.array(math.prod(x.shape), np.int64), size_torch, shape_only=True)
+
+
+# -- Reshape and Flatten --------------------------------------------------------------------------------------
+def reshape_1(node: Node, ctx: LoadContext) -> None:
+    """Reshape-1 .. Reshape-4: the target is the `shape` attribute; later versions take it as input 1."""
+    if ctx.graph.opset >= 5:
+        return
+    node.attrs.pop("consumed_inputs", None)
+    target = node.attrs.pop("shape", None)
+    if target is None:
+        raise GraphError(f"{node.describe()}: Reshape before opset 5 needs its 'shape' attribute")
+    name = ctx.graph.add_constant(f"{node.name}_shape", np.array(list(target), np.int64).reshape(-1))
+    node.inputs = [node.inputs[0], name]
+
+
+def reshape_dims(node: Node, x_shape: tuple[int, ...], target: Any) -> list[int]:
+    """Reshape's target with its 0s (copy the input's dim, unless allowzero) written out."""
+    dims = ints(target)
+    if node.attrs.get("allowzero", 0):
+        return dims
+    return [x_shape[i] if d == 0 and i < len(x_shape) else d for i, d in enumerate(dims)]
+
+
+def reshape(node: Node, opset: int) -> Fn:
+    def run(x: np.ndarray, target: np.ndarray) -> np.ndarray:
+        try:
+            return x.reshape(reshape_dims(node, x.shape, target))
+        except ValueError:
+            raise ShapeError(f"Reshape: cannot reshape {x.shape} to {tuple(ints(target))}") from None
+
+    return run
+
+
+def reshape_torch(node: Node, opset: int) -> Fn:
+    return lambda x, target: x.reshape(reshape_dims(node, tuple(x.shape), target))
+
+
+op("Reshape", reshape, reshape_torch, shape_inputs=(1,), upgrade=reshape_1)
+
+
+def _flatten(node: Node, opset: int) -> Fn:
+    axis = node.attrs.get("axis", 1)
+
+    def run(x: Any) -> Any:
+        ax = axis % len(x.shape) if axis < 0 else axis
+        return x.reshape(math.prod(x.shape[:ax]), math.prod(x.shape[ax:]))
+
+    return run
+
+
+op("Flatten", _flatten, _flatten)
+
+
+def transpose(node: Node, opset: int) -> Fn:
+    perm = node.attrs.get("perm")
+    return lambda x: np.transpose(x, perm)
+
+
+def transpose_torch(node: Node, opset: int) -> Fn:
+    perm = node.attrs.get("perm")
+    return lambda x: x.permute(*(perm if perm is not None else reversed(range(x.dim()))))
+
+
+op("Transpose", transpose, transpose_torch)
+
+
+# -- Squeeze and Unsqueeze --------------------------------------------------------------------------------------
+def _axes(node: Node, opset: int, axes: Any) -> list[int]:
+    """Squeeze / Unsqueeze axes: an input from opset 13, the attribute before."""
+    return ints(axes) if opset >= 13 else list(node.attrs.get("axes") or ())
+
+
+def squeeze(node: Node, opset: int) -> Fn:
+    def run(x: np.ndarray, axes: np.ndarray | None = None) -> np.ndarray:
+        raw = _axes(node, opset, axes)
+        if not raw:
+            return np.squeeze(x)
+        ax = tuple(axis_index("Squeeze", a, x.ndim) for a in raw)
+        if any(x.shape[a] != 1 for a in ax):
+            raise ShapeError(f"Squeeze: axes {raw} of shape {x.shape} are not all 1")
+        return np.squeeze(x, axis=ax)
+
+    return run
+
+
+def squeeze_torch(node: Node, opset: int) -> Fn:
+    def run(x: Any, axes: Any = None) -> Any:
+        raw = _axes(node, opset, axes)
+        return x.squeeze(tuple(a % x.dim() for a in raw)) if raw else x.squeeze()
+
+    return run
+
+
+def _unsqueezed_axes(node: Node, opset: int, ndim: int, axes: Any) -> list[int]:
+    raw = _axes(node, opset, axes)
+    rank = ndim + len(raw)
+    ax = sorted(axis_index("Unsqueeze", a, rank) for a in raw)
+    if len(set(ax)) != len(ax):
+        raise ArgumentError(f"Unsqueeze: repeated axes {raw}")
+    return ax
+
+
+def unsqueeze(node: Node, opset: int) -> Fn:
+    return lambda x, axes=None: np.expand_dims(x, tuple(_unsqueezed_axes(node, opset, x.ndim, axes)))
+
+
+def unsqueeze_torch(node: Node, opset: int) -> Fn:
+    def run(x: Any, axes: Any = None) -> Any:
+        for a in _unsqueezed_axes(node, opset, x.dim(), axes):
+            x = x.unsqueeze(a)
+        return x
+
+    return run
+
+
+op("Squeeze", squeeze, squeeze_torch, shape_inputs=(1,))
+op("Unsqueeze", unsqueeze, unsqueeze_torch, shape_inputs=(1,))
+
+
+# -- Concat and Split -------------------------------------------------------------------------------------------
+def concat_3(node: Node, ctx: LoadContext) -> None:
+    """Concat before opset 4 concatenates along axis 1 by default."""
+    if ctx.graph.opset < 4:
+        node.attrs.setdefault("axis", 1)
+
+
+op("Concat", lambda node, opset: lambda *xs: np.concatenate(xs, axis=node.attrs["axis"]),
+   lambda node, opset: lambda *xs: torch.cat(xs, dim=node.attrs["axis"]), upgrade=concat_3)  # fmt: skip
+
+
+def split_sizes(node: Node, x_shape: tuple[int, ...], split: Any) -> tuple[int, list[int]]:
+    """The split axis (as an index) and the size of every part: from the `split` input, the attribute
+    (Split-1 takes either), or equal parts (the last one smaller) for `num_outputs` or the outputs."""
+    axis = node.attrs.get("axis", 0)
+    ax = axis_index("Split", axis, len(x_shape))
+    sizes = ints(split) if split is not None else list(node.attrs.get("split") or ())
+    n = x_shape[ax]
+    if not sizes:
+        parts = node.attrs.get("num_outputs") or len(node.outputs)
+        chunk = -(-n // parts)
+        sizes = [min(chunk, max(n - i * chunk, 0)) for i in range(parts)]
+    if sum(sizes) != n:
+        raise ShapeError(f"Split: sizes {sizes} do not add up to dim {n} of axis {axis}")
+    return ax, sizes
+
+
+def split(node: Node, opset: int) -> Fn:
+    def run(x: np.ndarray, sizes: np.ndarray | None = None) -> tuple:
+        ax, parts = split_sizes(node, x.shape, sizes)
+        return tuple(np.split(x, np.cumsum(parts)[:-1], axis=ax))
+
+    return run
+
+
+def split_torch(node: Node, opset: int) -> Fn:
+    def run(x: Any, sizes: Any = None) -> tuple:
+        ax, parts = split_sizes(node, tuple(x.shape), sizes)
+        return tuple(torch.split(x, parts, dim=ax))
+
+    return run
+
+
+op("Split", split, split_torch, shape_inputs=(1,), tuple_output=True)
+
+
+# -- Slice ------------------------------------------------------------------------------------------------------
+def slice_bounds(x_shape: tuple[int, ...], starts: Any, ends: Any, axes: Any, steps: Any) -> list[tuple]:
+    """(axis, start, end, step) per sliced axis, clamped as Python slicing would (end -1: to the front)."""
+    starts, ends = ints(starts), ints(ends)
+    axes = ints(axes) if axes is not None else list(range(len(starts)))
+    steps = ints(steps) if steps is not None else [1] * len(starts)
+    bounds = []
+    for start, end, axis, step in zip(starts, ends, axes, steps):
+        if step == 0:
+            raise ArgumentError("Slice: a step of 0")
+        ax = axis_index("Slice", axis, len(x_shape))
+        dim = x_shape[ax]
+        start = start + dim if start < 0 else start
+        end = end + dim if end < 0 else end
+        if step > 0:
+            start, end = min(max(start, 0), dim), min(max(end, 0), dim)
+        else:
+            start, end = min(max(start, 0), dim - 1), min(max(end, -1), dim - 1)
+        bounds.append((ax, start, end, step))
+    return bounds
+
+
+def _slice_1(run: Fn, node: Node, opset: int) -> Fn:
+    """Slice-1: starts, ends and axes are attributes."""
+    if opset >= 10:
+        return run
+    bounds = (node.attrs["starts"], node.attrs["ends"], node.attrs.get("axes"))
+    return lambda x: run(x, *bounds)
+
+
+def slice_(node: Node, opset: int) -> Fn:
+    def run(x: np.ndarray, starts: Any, ends: Any, axes: Any = None, steps: Any = None) -> np.ndarray:
+        index = [slice(None)] * x.ndim
+        for ax, start, end, step in slice_bounds(x.shape, starts, ends, axes, steps):
+            index[ax] = slice(start, None if end < 0 else end, step)
+        return x[tuple(index)]
+
+    return _slice_1(run, node, opset)
+
+
+def slice_torch(node: Node, opset: int) -> Fn:
+    def run(x: Any, starts: Any, ends: Any, axes: Any = None, steps: Any = None) -> Any:
+        for ax, start, end, step in slice_bounds(tuple(x.shape), starts, ends, axes, steps):
+            if step > 0:
+                x = x.narrow(ax, start, max(end - start, 0))[(slice(None),) * ax + (slice(None, None, step),)]
+            else:  # negative steps: gather the indices Python's slicing picks
+                picked = list(range(x.shape[ax]))[slice(start, None if end < 0 else end, step)]
+                x = torch.index_select(x, ax, torch.tensor(picked, dtype=torch.long, device=x.device))
+        return x
+
+    return _slice_1(run, node, opset)
+
+
+op("Slice", slice_, slice_torch, shape_inputs=(1, 2, 3, 4))
+
+
+# -- Expand and Tile --------------------------------------------------------------------------------------------
+def expanded_shape(x_shape: tuple[int, ...], target: Any) -> tuple[int, ...]:
+    try:
+        return tuple(np.broadcast_shapes(tuple(x_shape), tuple(ints(target))))
+    except ValueError:
+        raise ShapeError(f"Expand: shape {tuple(x_shape)} cannot be broadcast to {tuple(ints(target))}") from None
+
+
+op("Expand", lambda node, opset: lambda x, target: np.broadcast_to(x, expanded_shape(x.shape, target)),
+   lambda node, opset: lambda x, target: x.expand(expanded_shape(tuple(x.shape), target)),
+   shape_inputs=(1,))  # fmt: skip
+
+
+def tile_repeats(opset: int, ndim: int, repeats: Any, axis: Any = None) -> list[int]:
+    """Tile's repeats per dim; Tile-1 takes `tiles` copies along one `axis` (both inputs)."""
+    if opset >= 6:
+        return ints(repeats)
+    counts = [1] * ndim
+    counts[axis_index("Tile", ints(axis)[0], ndim)] = ints(repeats)[0]
+    return counts
+
+
+op("Tile", lambda node, opset: lambda x, *rest: np.tile(x, tile_repeats(opset, x.ndim, *rest)),
+   lambda node, opset: lambda x, *rest: x.repeat(*tile_repeats(opset, x.dim(), *rest)),
+   shape_inputs=(1, 2))  # fmt: skip
+
+
+# -- Range and ConstantOfShape ----------------------------------------------------------------------------------
+def range_length(start: float, limit: float, delta: float) -> int:
+    if delta == 0:
+        raise ArgumentError("Range: delta is 0")
+    return max(math.ceil((limit - start) / delta), 0)
+
+
+def range_(node: Node, opset: int) -> Fn:
+    def run(start: np.ndarray, limit: np.ndarray, delta: np.ndarray) -> np.ndarray:
+        s, d = start.item(), delta.item()
+        return (s + d * np.arange(range_length(s, limit.item(), d))).astype(start.dtype)
+
+    return run
+
+
+def range_torch(node: Node, opset: int) -> Fn:
+    def run(start: Any, limit: Any, delta: Any) -> Any:
+        s, lim, d = (float(scalar(v)) for v in (start, limit, delta))
+        dtype = torch_dtype(np.asarray(to_host(start)).dtype.name)
+        device = next((v.device for v in (start, limit, delta) if hasattr(v, "device")), None)
+        return (s + d * torch.arange(range_length(s, lim, d), dtype=torch.float64, device=device)).to(dtype)
+
+    return run
+
+
+op("Range", range_, range_torch, shape_inputs=(0, 1, 2))
+
+
+def constant_fill(node: Node) -> np.ndarray:
+    """ConstantOfShape's value: a one-element array (0.0 as float32 when left out)."""
+    value = node.attrs.get("value")
+    return np.zeros(1, np.float32) if value is None else np.asarray(value).reshape(-1)
+
+
+def constant_dims(target: Any) -> list[int]:
+    dims = ints(target)
+    if any(d < 0 for d in dims):
+        raise ShapeError(f"ConstantOfShape: negative dims {dims}")
+    return dims
+
+
+def constant_of_shape(node: Node, opset: int) -> Fn:
+    fill = constant_fill(node)
+    return lambda target: np.full(constant_dims(target), fill[0], fill.dtype)
+
+
+def constant_of_shape_torch(node: Node, opset: int) -> Fn:
+    fill = constant_fill(node)
+    return lambda target: torch.full(constant_dims(target), fill[0].item(), dtype=torch_dtype(fill.dtype.name))
+
+
+op("ConstantOfShape", constant_of_shape, constant_of_shape_torch, shape_inputs=(0,))
