@@ -8,7 +8,7 @@ mkdir -p "$OUT"
 export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__, torch.cuda.get_device_name())'
 timeout 240 python3 -m pytest -q -p no:cacheprovider -rs tests/core/test_cuda_dispatch.py tests/runtime/test_runtime_allocator.py \
-    tests/runtime/test_runtime_streams.py tests/runtime/test_runtime_tuning_cache.py tests/cli/test_bench.py tests/cli/test_runtime_cli.py \
+    tests/runtime/test_runtime_streams.py tests/runtime/test_runtime_tuning_cache.py tests/cli/test_bench.py tests/cli/test_cli.py tests/cli/test_demo.py \
     > "$OUT/pytest_runtime_gpu.txt" 2>&1
 timeout 240 python3 benchmarks/dispatch_overhead.py --fast-stream --json "$OUT/dispatch_overhead_gpu.json" > "$OUT/dispatch_overhead_gpu.txt" 2>&1
 timeout 60 python3 -m xpuruntime info > "$OUT/info_gpu.txt" 2>&1

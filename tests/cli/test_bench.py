@@ -1,4 +1,5 @@
-"""The benchmark runner: discovery, filtering, ratios against targets, reports (JSON, markdown, PNG)."""
+"""The benchmark runner and `xpuruntime bench`: discovery, filtering, ratios against targets, reports (JSON, markdown,
+PNG), and bad arguments refused before any row runs."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import textwrap
 
 import numpy as np
 import pytest
+from cli_runner import one_line_error, run_cli
 
+import xpuruntime as xrt
 from xpuruntime import bench
 from xpuruntime.bench import Result, Row, Setup
 
@@ -176,7 +179,6 @@ def test_gpu_timers_time_ours_and_the_anchor_on_the_device(tmp_path, kind):
 
 
 def test_kernel_alternatives_force_each_supported_kernel_and_report_auto_vs_best():
-    import xpuruntime as xrt
 
     rng = np.random.default_rng()
     a = rng.standard_normal((33, 17)).astype(np.float32)
@@ -236,3 +238,79 @@ def test_interleaved_samples_alternate_call_by_call_so_drift_hits_every_variant_
     assert got["same_1"] == pytest.approx(got["same_2"], rel=0.02)
     assert got["slower"] / got["same_1"] == pytest.approx(1.5, rel=0.02)
     assert set(got) == set(base) and all(v > 0 for v in got.values())
+
+
+def test_bench_list_and_empty_selection(capsys, tmp_path):
+    code, out, _ = run_cli(capsys, "bench", "--list")
+    assert code == 0
+    code, out, _ = run_cli(capsys, "bench", "--only", "no-row-is-called-this", "--out", str(tmp_path))
+    assert code == 1 and "no benchmark rows selected" in out
+
+
+@pytest.fixture
+def counted_rows(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Two CPU rows (one skipped) in place of the real suite; returns the names of the rows set up so far."""
+    monkeypatch.delenv("COLUMNS", raising=False)  # output to a pipe: rich's default width of 80
+    calls: list[str] = []
+
+    def setup() -> Setup:
+        calls.append("cpu row")
+        x = np.random.default_rng().standard_normal(1000)
+        return Setup(lambda: np.sin(x), lambda: np.sin(x).copy(), bytes=2 * x.nbytes)
+
+    rows = [Row("cpu row", "g", setup, target=0.5), Row("gpu row", "g", setup, requires=lambda: "needs a CUDA GPU")]
+    monkeypatch.setattr(bench, "discover", lambda: (rows, []))
+    monkeypatch.setattr(bench, "default_timer", lambda kind="device": bench.host_timer(warmup=1, repeat=3))
+    return calls
+
+
+def test_bench_out_that_cannot_be_a_folder_fails_before_any_row(capsys, tmp_path, counted_rows) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    code, out, err = run_cli(capsys, "bench", "--out", str(blocker / "sub"))
+    assert code == 2 and counted_rows == [] and out == ""  # nothing measured only to be thrown away
+    assert one_line_error(err, "bench") and "--out" in err and "Traceback" not in err
+
+
+def test_python_dash_m_bench_reports_a_bad_out_folder_as_a_one_line_error(capsys, tmp_path, counted_rows) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    code = bench.main(["--out", str(blocker)])  # the body of `python -m xpuruntime.bench`
+    assert code == 2 and counted_rows == []
+    assert one_line_error(capsys.readouterr().err, "bench")
+
+
+def test_bench_names_only_the_reports_it_wrote(capsys, tmp_path, counted_rows) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "ratios.png").write_bytes(b"an older run's chart")
+    code, text, _ = run_cli(capsys, "bench", "--only", "gpu row", "--out", str(out))
+    assert code == 0 and counted_rows == []
+    assert "skipped: needs a CUDA GPU" in text
+    assert not (out / "ratios.png").exists()  # no ratio to plot: no chart left beside these results
+    assert "ratios.png" not in text and "results.json" in text
+    code, text, _ = run_cli(capsys, "bench", "--out", str(out))
+    assert code == 0 and (out / "ratios.png").exists() and "ratios.png" in text
+    assert [r["name"] for r in json.loads((out / "results.json").read_text())["rows"]] == ["cpu row", "gpu row"]
+    assert all(line in text.splitlines() for line in (out / "results.md").read_text().splitlines())  # unwrapped
+
+
+def test_bench_without_matplotlib_still_writes_its_reports(capsys, tmp_path, counted_rows, monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `pip install xpuruntime[torch,cuda]` has no matplotlib
+    code, text, err = run_cli(capsys, "bench", "--out", str(tmp_path))
+    assert code == 0 and err == "" and counted_rows == ["cpu row"]
+    assert (tmp_path / "results.json").exists() and (tmp_path / "results.md").exists()
+    assert not (tmp_path / "ratios.png").exists()
+    assert "matplotlib is not installed" in text and "pip install 'xpuruntime[bench]'" in text
+
+
+def test_a_wrong_result_never_counts_as_a_met_target() -> None:
+    """A row whose check fails is 'wrong' in the markdown; the JSON's `met` (and the chart's green) must not
+    call its speed a success."""
+    x = np.random.default_rng().standard_normal(1000)
+    fast, slow = (lambda: np.sin(x)), (lambda: np.sin(x).copy())
+    setup = Setup(fast, slow, bytes=2 * x.nbytes, check=lambda: "max error 0.5 > 1e-3")
+    result = bench.run_row(Row("w", "g", lambda: setup, target=0.5), lambda fn: 1.0 if fn is fast else 2.0)
+    assert result.status == "wrong" and result.ratio == pytest.approx(2.0)  # measured, and shown
+    assert result.met is None and result.missed_by is None
+    assert "| wrong: max error 0.5 > 1e-3 |" in bench.markdown([result], {})

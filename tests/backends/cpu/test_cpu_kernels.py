@@ -1,13 +1,19 @@
-"""CPU kernels stay finite and right at the edges of float32 (regressions from speeding them up)."""
+"""The CPU kernels at the edges: float32 extremes, non-native byte order and unaligned outputs, outputs that are
+an input's own view, integer sums that must not wrap."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import xpuruntime as xrt
 from xpuruntime.ops.attention import reference as attention_reference
 from xpuruntime.ops.fused_elementwise import reference as fused_reference
+from xpuruntime.ops.norm import layer_norm_reference
+
+TOLERANCE = {"float16": 2e-3, "float32": 2e-5, "float64": 1e-12}
 
 rng = np.random.default_rng(7)
 
@@ -98,3 +104,70 @@ def test_layer_norm_adds_eps_in_the_accumulation_dtype(dtype):
         np.testing.assert_array_equal(got, 0.0)
     else:
         assert np.isnan(want).all() and np.isnan(got).all()
+
+
+def _big_endian(a: np.ndarray) -> np.ndarray:
+    return a.astype(a.dtype.newbyteorder(">"))
+
+
+@pytest.mark.parametrize(("dtype", "out_dtype"), [(np.float32, ">f4"), (np.uint64, ">u8"), (np.int32, ">i8")])
+def test_sum_into_a_non_native_byte_order_output(dtype, out_dtype):
+    x = _big_endian(rng.integers(0, 5, (3, 4)).astype(dtype))
+    out = np.empty(3, out_dtype)
+    assert xrt.ops.sum(x, axis=1, out=out) is out
+    np.testing.assert_array_equal(out, x.astype(np.float64).sum(axis=1))
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+def test_softmax_and_chunked_attention_of_non_native_byte_order_arrays(dtype):
+    x = _big_endian(rng.standard_normal((3, 4)).astype(dtype))
+    ref = np.exp(x.astype(np.float64) - x.astype(np.float64).max(-1, keepdims=True))
+    np.testing.assert_allclose(xrt.ops.softmax(x), ref / ref.sum(-1, keepdims=True), rtol=2e-3, atol=1e-3)
+    q, k, v = (_big_endian(rng.standard_normal(s).astype(dtype)) for s in ((1, 1), (1, 1, 1), (5, 1, 1)))
+    with xrt.kernel_policy(attention="chunked", strict=True):
+        got = xrt.ops.attention(q, k, v)
+    np.testing.assert_allclose(got, np.broadcast_to(v.astype(np.float64), (5, 1, 1)), rtol=2e-3)
+
+
+def test_gemv_writes_an_unaligned_output():
+    a, b = rng.standard_normal((1, 4)).astype(np.float32), rng.standard_normal((4, 3)).astype(np.float32)
+    raw = np.empty(4 * 3 + 1, np.uint8)
+    out = raw[1:].view(np.float32).reshape(1, 3)
+    assert not out.flags.aligned
+    with xrt.kernel_policy(matmul="gemv", strict=True):
+        xrt.ops.matmul(a, b, out=out)
+    np.testing.assert_allclose(out, a.astype(np.float64) @ b, rtol=1e-5)
+
+
+def test_gemv_writes_a_non_native_byte_order_output():
+    a, b = rng.standard_normal((1, 4)).astype(np.float32), rng.standard_normal((4, 3)).astype(np.float32)
+    out = np.empty((1, 3), dtype=">f4")  # float32 by name, big-endian in memory
+    with xrt.kernel_policy(matmul="gemv", strict=True):
+        assert xrt.ops.matmul(a, b, out=out) is out
+    np.testing.assert_allclose(out, a.astype(np.float64) @ b, rtol=1e-6)
+
+
+def test_uint64_sums_do_not_wrap():
+    assert xrt.ops.sum(np.array([2**64 - 1], np.uint64)) == 2**64 - 1
+    assert xrt.ops.sum(np.array([2**63, 2**62], np.uint64)).dtype == np.uint64
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    n=st.integers(1, 33),
+    dtype=st.sampled_from(["float32", "float64", "float16"]),
+    target=st.sampled_from(["weight", "bias", "x_is_weight"]),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_layer_norm_out_may_be_the_very_view_of_weight_or_bias(n, dtype, target, seed):
+    """The in-place rule lets `out` be exactly any input's view; with a 1-d x that includes weight and bias,
+    which the kernel must not overwrite before it reads them."""
+    rng = np.random.default_rng(seed)
+    x, w, b = (rng.standard_normal(n).astype(dtype) for _ in range(3))
+    if target == "x_is_weight":
+        w = x
+    want = layer_norm_reference(x, (n,), w, b)
+    out = {"weight": w, "bias": b, "x_is_weight": x}[target]
+    got = xrt.ops.layer_norm(x, (n,), w, b, out=out)
+    assert got is out
+    np.testing.assert_allclose(got, want, rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype] * 4)

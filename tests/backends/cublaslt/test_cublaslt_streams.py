@@ -1,4 +1,4 @@
-"""Review fix: a cuBLASLt plan is shared by every stream, its scratch never is.
+"""cuBLASLt plans on many streams: a plan is shared by every stream, its scratch never is.
 
 These tests run on any machine: nvmath-python is replaced by fake modules (a fake `Matmul` and a fake
 `cublasLt.matmul` that records what each launch was given) and CUDA streams by objects that record
