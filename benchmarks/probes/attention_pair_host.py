@@ -5,7 +5,7 @@ For each path it prints the host µs per call (enqueue only, no sync), do_bench'
 before each call, as `xpuruntime bench` times), the time per call of 20 back-to-back calls, and a cProfile
 of the pair's host work, biggest self time first.
 
-    python benchmarks/attention_pair_host.py [--causal] [--dim 128] [--profile]
+    python benchmarks/probes/attention_pair_host.py [--causal] [--dim 128] [--profile]
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ import pstats
 
 import torch
 import torch.nn.functional as F
+from host_timing import host_us
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.testing import do_bench
 
 import xpuruntime as xrt
 from xpuruntime.autotune import STORE
-from xpuruntime.bench.training import host_us
 
 
 def back_to_back_ms(fn, calls: int = 20, rounds: int = 7) -> float:

@@ -3,15 +3,15 @@ and one timed step under each policy in turn, so a host whose speed drifts (the 
 by up to 1.5x between runs) affects every policy alike. Reports the median step and the median host
 time to enqueue it (a step is host-bound when the two are close).
 
-    python benchmarks/step_diagnose.py [--rounds 15] [POLICY ...]   (POLICY: none, autotune, or a=k,b=k;
+    python benchmarks/probes/step_diagnose.py [--rounds 15] [POLICY ...]   (POLICY: none, autotune, or a=k,b=k;
         a=k,b=k/unfused-db: the same with fused_cast's dW and db from a GEMM and a sum, not one BGRADB GEMM)
-    python benchmarks/step_diagnose.py --profile [POLICY ...]   (per policy: where the host time goes,
+    python benchmarks/probes/step_diagnose.py --profile [POLICY ...]   (per policy: where the host time goes,
         plan-cache misses per step, and the GPU's kernel time per step)
-    python benchmarks/step_diagnose.py --gpu-sleep 30 [POLICY ...]   (also time each step with 30 ms of GPU
+    python benchmarks/probes/step_diagnose.py --gpu-sleep 30 [POLICY ...]   (also time each step with 30 ms of GPU
         sleep queued first: a host that waits for the GPU anywhere in the step shows it in its host time)
-    python benchmarks/step_diagnose.py --model "--d-model 2048 --heads 16" [POLICY ...]   (another model size,
+    python benchmarks/probes/step_diagnose.py --model "--d-model 2048 --heads 16" [POLICY ...]   (another model size,
         in the example's own arguments)
-    python benchmarks/step_diagnose.py --gc [--gc-freeze] [POLICY ...]   (Python garbage collections per
+    python benchmarks/probes/step_diagnose.py --gc [--gc-freeze] [POLICY ...]   (Python garbage collections per
         step and the host ms they take; --gc-freeze moves everything made during set-up out of the collector's
         reach first, as long-running training processes do)
 """
@@ -36,7 +36,7 @@ import torch.nn.functional as F
 import xpuruntime.pytorch as xtorch
 from xpuruntime.pytorch import handback, native_routes
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 spec = importlib.util.spec_from_file_location("train_gpt", ROOT / "examples" / "train_gpt.py")
 example = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(example)

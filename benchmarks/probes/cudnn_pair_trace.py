@@ -2,7 +2,7 @@
 autograd against the op-level `torch_cudnn` pair (attention_forward + attention_backward through the
 dispatcher), from PyTorch's profiler, so a gap between the two shows as kernels (issue 7).
 
-    python benchmarks/cudnn_pair_trace.py [--causal] [--dim 128]
+    python benchmarks/probes/cudnn_pair_trace.py [--causal] [--dim 128]
 """
 
 from __future__ import annotations

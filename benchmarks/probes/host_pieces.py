@@ -1,7 +1,7 @@
 """Host µs (launch queue never full) of the pieces of a routed tiny CUDA matmul (aten::mm override), each timed alone, and a cProfile
 of the routed call: where the override's cost over a bare Python override goes.
 
-    PYTHONPATH=src python3 benchmarks/host_pieces.py
+    PYTHONPATH=src python3 benchmarks/probes/host_pieces.py
 """
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import cProfile
 import pstats
 
 import torch
+from host_timing import host_us
 
 import xpuruntime as xrt
 import xpuruntime.pytorch as xtorch
-from xpuruntime.bench.training import host_us
 from xpuruntime.pytorch import routing
 
 

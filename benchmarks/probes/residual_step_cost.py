@@ -2,7 +2,7 @@
 process before any policy, then again after each POLICY has run some steps and was cleared (autotune: handed
 back), with what could carry the cost: installed overrides, live Python objects, GC passes, allocator segments.
 
-    python benchmarks/residual_step_cost.py [--steps 30] [--logging] [--profile] POLICY ...
+    python benchmarks/probes/residual_step_cost.py [--steps 30] [--logging] [--profile] POLICY ...
 
 POLICY: autotune, a=k,b=k, or `busy` (a control without xpuruntime: 20 s of large GEMMs and small ops, as
 much GPU and host work as autotune's tuning). --profile adds a host profile of 5 steps to each phase (Python function calls

@@ -6,7 +6,7 @@ GPU has caught up (the launch queue never fills), so `routed - eager` is what th
 dispatcher, the autograd Function and the kernel's own launch add per iteration on the host. Each
 figure is the best of interleaved rounds (µs per iteration); the kernels that ran are listed.
 
-    python benchmarks/pytorch_host_cost_cuda.py [--rounds 5] [--calls 300] [--profile CASE]
+    python benchmarks/probes/pytorch_host_cost_cuda.py [--rounds 5] [--calls 300] [--profile CASE]
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ the median of single launches from a cold L2 with the host latency hidden (`auto
 autotune and `xpuruntime bench` use), with its register and spill counts, the layout conversions in its
 TTGIR, and its largest difference from cuDNN's output.
 
-    PYTHONPATH=src python3 benchmarks/flash_fwd_sweep.py [--S 2048] [--D 128] [--causal] [--dtype bf16]
+    PYTHONPATH=src python3 benchmarks/probes/flash_fwd_sweep.py [--S 2048] [--D 128] [--causal] [--dtype bf16]
 """
 
 from __future__ import annotations

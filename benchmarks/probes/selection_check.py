@@ -4,7 +4,7 @@ For each row whose name contains --only: the kernels the dispatch log shows for 
 under autotune (with the times autotune stored), then --rounds rounds of the bench's timer over every
 alternative in rotated order, one line per round, so drift between rounds and slots shows.
 
-    PYTHONPATH=src python3 benchmarks/selection_check.py --only "S8192 D128" [--rounds 8]
+    PYTHONPATH=src python3 benchmarks/probes/selection_check.py --only "S8192 D128" [--rounds 8]
 """
 
 from __future__ import annotations

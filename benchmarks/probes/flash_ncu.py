@@ -1,7 +1,7 @@
 """One flash_v2 forward at the issue's headline shape (bf16 B4 H16 S2048 D128, non-causal) for Nsight Compute:
 
 ncu --kernel-name _fwd_kernel --launch-count 1 --section SpeedOfLight --section Occupancy \
-    --section LaunchStats --section WarpStateStats python3 benchmarks/flash_ncu.py
+    --section LaunchStats --section WarpStateStats python3 benchmarks/probes/flash_ncu.py
 """
 
 from __future__ import annotations

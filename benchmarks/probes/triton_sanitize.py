@@ -1,6 +1,6 @@
 """Small cases of every Triton kernel, for compute-sanitizer (memcheck / racecheck) on the GPU machine:
 
-compute-sanitizer --tool memcheck python3 benchmarks/triton_sanitize.py
+compute-sanitizer --tool memcheck python3 benchmarks/probes/triton_sanitize.py
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ dominates. Each figure is the best of several interleaved rounds (µs per iterat
 CPU tensors take the dispatcher's convert-and-retry path (a NumPy view per tensor, `torch.from_numpy`
 of the result), which CUDA tensors never take; `run` alone shows that share.
 
-    python benchmarks/pytorch_host_cost.py [--rounds 7] [--calls 2000] [--profile CASE]
+    python benchmarks/probes/pytorch_host_cost.py [--rounds 7] [--calls 2000] [--profile CASE]
 """
 
 from __future__ import annotations

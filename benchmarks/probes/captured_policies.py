@@ -4,7 +4,7 @@ A captured step has no host time, so it shows what each policy's kernels do to t
 GPT step (issue 8's "captured step >= 1.1x"). Each configuration is a fresh process of the example;
 eager runs come first and last, so host drift shows as a difference between the two.
 
-    python benchmarks/captured_policies.py [--steps 40] [--out DIR] [--only ROW ...]
+    python benchmarks/probes/captured_policies.py [--steps 40] [--out DIR] [--only ROW ...]
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def main() -> int:
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    example = Path(__file__).resolve().parents[1] / "examples" / "train_gpt.py"
+    example = Path(__file__).resolve().parents[2] / "examples" / "train_gpt.py"
     medians = {}
     for i, (name, extra) in enumerate(CONFIGS.items()):
         if args.only is not None and name not in args.only:

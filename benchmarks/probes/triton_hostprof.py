@@ -1,6 +1,6 @@
 """Host-side profile (cProfile) of Triton-kernel dispatches on the GPU: where a call's host time goes.
 
-PYTHONPATH=src python benchmarks/triton_hostprof.py
+PYTHONPATH=src python benchmarks/probes/triton_hostprof.py
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Where the dispatcher's time goes on a plan-cache hit with CUDA tensors: per-call µs of each step of
 `Dispatcher.run` for a tiny matmul and sin_affine, and a cProfile of the matmul call.
 
-    python benchmarks/cuda_hot_path.py
+    python benchmarks/probes/cuda_hot_path.py
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from xpuruntime.policy import current_policy
 from xpuruntime.runtime import streams
 
 sys.path.insert(0, str(Path(__file__).parent))
-from dispatch_overhead import per_call_us
+from host_timing import per_call_us
 
 
 def steps(op: str, call, inputs: tuple, attrs: tuple = ()) -> dict:
