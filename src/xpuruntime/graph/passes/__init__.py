@@ -3,7 +3,8 @@
 Each pass is a function `(graph, ctx) -> number of changes` in its own module; it edits the graph in
 place and must never change what the graph computes. Levels (as onnxruntime's): 0 disabled (shape
 inference only), 1 basic (folding, CSE, cleanups, dead nodes), 2 extended (+ pattern fusion into
-registered ops: GELU, layer norm, attention, linear), 99 all (+ MatMul packing, elementwise fusion).
+registered ops: GELU, layer norm, RMS norm,
+attention, linear), 99 all (+ MatMul packing, elementwise fusion).
 
 The passes know the graph IR, not the format it came from: what they need to know about the ops of that
 format (how to compute a node of constants, the types shape inference gives values) comes through
@@ -31,6 +32,7 @@ from . import (
     layout_cleanup,
     linear_fusion,
     matmul_packing,
+    rms_norm_fusion,
     shape_inference,
 )  # fmt: skip
 
@@ -86,6 +88,7 @@ PIPELINE: tuple[tuple[int, str, Pass], ...] = (
     (BASIC, "dead_code", dead_code.run),
     (EXTENDED, "gelu_fusion", gelu_fusion.run),
     (EXTENDED, "layer_norm_fusion", layer_norm_fusion.run),
+    (EXTENDED, "rms_norm_fusion", rms_norm_fusion.run),
     (EXTENDED, "attention_fusion", attention_fusion.run),
     (EXTENDED, "linear_fusion", linear_fusion.run),
     (ALL, "matmul_packing", matmul_packing.run),

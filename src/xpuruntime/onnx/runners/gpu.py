@@ -80,6 +80,8 @@ def _xrt_fallback(node: Node) -> Callable:
         return lambda x, w, b=None: act(F.linear(x, w, b)) if act else F.linear(x, w, b)
     if node.op == "layer_norm":
         return lambda x, w=None, b=None: F.layer_norm(x, tuple(at["normalized_shape"]), w, b, at.get("eps", 1e-5))
+    if node.op == "rms_norm":
+        return lambda x, w=None: F.rms_norm(x, tuple(at["normalized_shape"]), w, at.get("eps"))
     raise UnsupportedModelError(f"{node.describe()}: no GPU fallback for xrt op '{node.op}'")
 
 
