@@ -2,9 +2,9 @@
 
 Each pass is a function `(graph, ctx) -> number of changes` in its own module; it edits the graph in
 place and must never change what the graph computes. Levels (as onnxruntime's): 0 disabled (shape
-inference only), 1 basic (folding, CSE, cleanups, dead nodes), 2 extended (+ pattern fusion into
-registered ops: GELU, layer norm, RMS norm,
-attention, linear), 99 all (+ MatMul packing, elementwise fusion).
+inference only), 1 basic (folding, Conv + BatchNorm folding, CSE, cleanups, dead nodes), 2 extended
+(+ pattern fusion into registered ops: GELU, layer norm, RMS norm, attention, linear), 99 all (+ MatMul
+packing, elementwise fusion).
 
 The passes know the graph IR, not the format it came from: what they need to know about the ops of that
 format (how to compute a node of constants, the types shape inference gives values) comes through
@@ -24,6 +24,7 @@ from ..ir import Graph, GraphError, Node, Value
 from . import (
     attention_fusion,
     constant_folding,
+    conv_bn_folding,
     cse,
     dead_code,
     elementwise_fusion,
@@ -83,6 +84,7 @@ BASIC, EXTENDED, ALL = 1, 2, 99
 PIPELINE: tuple[tuple[int, str, Pass], ...] = (
     (0, "shape_inference", shape_inference.run),
     (BASIC, "constant_folding", constant_folding.run),
+    (BASIC, "conv_bn_folding", conv_bn_folding.run),
     (BASIC, "layout_cleanup", layout_cleanup.run),
     (BASIC, "cse", cse.run),
     (BASIC, "dead_code", dead_code.run),

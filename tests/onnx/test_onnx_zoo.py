@@ -1,0 +1,95 @@
+"""The model zoo (ResNet-50, MobileNetV3, ViT-B/16, BERT with mask and token types, GPT-2, Llama; tiny sizes,
+random weights) exported by both PyTorch exporters at opsets 17, 18 and 23: each loads, gives onnxruntime's outputs
+(<= 1e-4, fp32 CPU) at two input signatures, and every fusion pass fires on the models it is for."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+ort = pytest.importorskip("onnxruntime")
+
+from onnx_zoo import OPSETS, exported, feed, session, signatures  # noqa: E402
+
+from xpuruntime.bench.zoo_models import EXPORTERS, ZOO, max_abs_error  # noqa: E402
+from xpuruntime.graph.passes import optimize  # noqa: E402
+from xpuruntime.onnx.semantics import ONNX_SEMANTICS  # noqa: E402
+
+MATRIX = [(name, exporter, opset) for name in ZOO for exporter in EXPORTERS for opset in OPSETS]
+
+
+@pytest.mark.parametrize(("name", "exporter", "opset"), MATRIX)
+def test_zoo_model_matches_onnxruntime(name: str, exporter: str, opset: int) -> None:
+    data = exported(name, exporter, opset)
+    ours = session(data)
+    reference = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    for batch, side in signatures(name):
+        inputs = feed(name, batch, side)
+        want = reference.run(None, inputs)
+        got = ours.run(None, {k: v.copy() for k, v in inputs.items()})
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            assert g.dtype == w.dtype and g.shape == w.shape
+            assert max_abs_error(g, w) <= 1e-4, (batch, side, max_abs_error(g, w))
+
+
+# What each pass must fuse on the opset-18 exports (the same from both exporters): layers 2 per tiny text model,
+# so attention 2; BERT's 2 erf GELUs, GPT-2's 2 tanh GELUs; Llama's 5 RMSNorms (2 per layer and the final one);
+# on GPU graphs, every MatMul/Gemm with a bias (6 per BERT layer, 4 per GPT-2 or ViT layer, ViT's head); the
+# BatchNormalizations after each Conv of the CNNs (17 in the tiny ResNet-50, 14 in the tiny MobileNetV3).
+EXPECTED = {
+    "bert": {"attention_fusion": 2, "gelu_fusion": 2, "linear_fusion": 12},
+    "gpt2": {"attention_fusion": 2, "gelu_fusion": 2, "linear_fusion": 8},
+    "llama": {"attention_fusion": 2, "rms_norm_fusion": 5},
+    "vit_b16": {"attention_fusion": 2, "gelu_fusion": 2, "linear_fusion": 9},
+    "resnet50": {"conv_bn_folding": 17},
+    "mobilenet_v3": {"conv_bn_folding": 14},
+}
+FUSIONS = ("attention_fusion", "gelu_fusion", "rms_norm_fusion", "linear_fusion", "conv_bn_folding", "matmul_packing")
+
+
+def _fused(data: bytes) -> dict[str, int]:
+    """Changes per fusion pass: on the CPU graph, and linear_fusion on the GPU graph of the same model."""
+    cpu = session(data)
+    counts = {r.name: r.changes for r in cpu.pass_summary if r.name in FUSIONS}
+    _, gpu = optimize(cpu.original, 99, cpu.dispatcher, "cuda", ONNX_SEMANTICS)
+    counts["linear_fusion"] = next(r.changes for r in gpu if r.name == "linear_fusion")
+    return counts
+
+
+@pytest.mark.parametrize("exporter", EXPORTERS)
+@pytest.mark.parametrize("name", list(EXPECTED))
+def test_zoo_fusions_fire(name: str, exporter: str) -> None:
+    if name in ("resnet50", "mobilenet_v3") and exporter == "torchscript":
+        pytest.skip("the TorchScript exporter folds BatchNormalization into the Conv itself")
+    counts = _fused(exported(name, exporter, 18))
+    print(f"{name} ({exporter}): {counts}")  # the report: pytest -s shows every model's counts
+    for pass_name, want in EXPECTED[name].items():
+        assert counts[pass_name] == want, (pass_name, counts)
+
+
+def test_layer_norm_fusion_fires_on_an_old_opset_export() -> None:
+    """Exports before opset 17 decompose LayerNorm (ReduceMean, Sub, Pow, Sqrt, Div): BERT's 5 become nodes again."""
+    data = exported("bert", "torchscript", 14)
+    counts = {r.name: r.changes for r in session(data).pass_summary}
+    assert counts["layer_norm_fusion"] == 5, counts
+
+
+def test_matmul_packing_fires_on_cpu_graphs() -> None:
+    """Q, K and V projections reading one activation become one GEMM (BERT: one per layer)."""
+    counts = _fused(exported("bert", "torchscript", 18))
+    assert counts["matmul_packing"] == 2, counts
+
+
+def test_fused_graph_keeps_exporters_guard_for_rows_without_keys() -> None:
+    """Left padding makes GPT-2's first query of a padded row see no key: the graph's IsNaN guard gives 0 (the
+    TorchScript export's -inf mask) where the fused attention op gives NaN; outputs still match onnxruntime."""
+    data = exported("gpt2", "torchscript", 18)
+    ours = session(data)
+    assert ours.graph.op_counts().get("attention") == 2
+    inputs = feed("gpt2", 3, 8)
+    inputs["attention_mask"][1, :5] = 0
+    (want,) = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, inputs)
+    (got,) = ours.run(None, inputs)
+    assert not np.isnan(got).any() and max_abs_error(got, want) <= 1e-4
