@@ -20,16 +20,29 @@ How a model goes through it, and where each part lives:
     feeds.py       checks of a run's inputs (dtype, rank, fixed and symbolic dims)
     export.py      graph IR -> ModelProto (shape inference, saving the optimized graph)
     backend.py     the onnx.backend adapter that runs ONNX's node test suite
-    options.py     SessionOptions, GraphOptimizationLevel;  errors.py  the errors it raises
+    providers.py   onnxruntime's provider names and options -> the session's device (fallback with a warning)
+    options.py     SessionOptions, RunOptions, GraphOptimizationLevel;  threads.py  thread pools sized by them
+    iobinding.py   IOBinding: inputs and outputs bound to buffers once (device buffers on the GPU)
+    errors.py      the errors it raises
 """
 
 from __future__ import annotations
 
-from .errors import GraphError, InputFeedError, ModelLoadError, NodeExecutionError, UnsupportedModelError
-from .options import GraphOptimizationLevel, SessionOptions
-from .session import InferenceSession, NodeArg
+from .errors import (
+    GraphError,
+    InputFeedError,
+    ModelLoadError,
+    NodeExecutionError,
+    RunTerminatedError,
+    UnsupportedModelError,
+)  # fmt: skip
+from .iobinding import IOBinding
+from .options import GraphOptimizationLevel, RunOptions, SessionOptions
+from .providers import get_available_providers
+from .session import InferenceSession, ModelMetadata, NodeArg
 
 __all__ = [
-    "GraphError", "GraphOptimizationLevel", "InferenceSession", "InputFeedError", "ModelLoadError", "NodeArg",
-    "NodeExecutionError", "SessionOptions", "UnsupportedModelError",
+    "GraphError", "GraphOptimizationLevel", "IOBinding", "InferenceSession", "InputFeedError", "ModelLoadError",
+    "ModelMetadata", "NodeArg", "NodeExecutionError", "RunOptions", "RunTerminatedError", "SessionOptions",
+    "UnsupportedModelError", "get_available_providers",
 ]  # fmt: skip

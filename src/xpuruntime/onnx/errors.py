@@ -23,3 +23,7 @@ class NodeExecutionError(LaunchError):
 
 
 __all__ = ["GraphError", "InputFeedError", "ModelLoadError", "NodeExecutionError", "UnsupportedModelError"]
+
+
+class RunTerminatedError(XpuRuntimeError, RuntimeError):
+    """A run was refused because its RunOptions.terminate was set."""

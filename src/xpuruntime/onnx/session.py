@@ -24,18 +24,34 @@ from ..errors import ArgumentError
 from ..graph.ir import Graph, Value
 from ..graph.passes import PassRecord, optimize
 from ..policy import KernelPolicy, as_policy
-from .errors import InputFeedError
+from .errors import InputFeedError, RunTerminatedError
 from .executor import ExecutionPlan
 from .importer import import_model, load_model, overridable_initializers
-from .options import GraphOptimizationLevel, SessionOptions
+from .iobinding import IOBinding
+from .options import RunOptions, SessionOptions
+from .providers import resolve
 from .runners import GraphVariant, Runner, make_runner
 from .semantics import ONNX_SEMANTICS
+from .threads import ThreadLimits
 
 _ONNX_TYPE = {
     "float32": "float", "float64": "double", "float16": "float16", "int64": "int64", "int32": "int32",
     "int16": "int16", "int8": "int8", "uint8": "uint8", "uint16": "uint16", "uint32": "uint32",
     "uint64": "uint64", "bool": "bool",
 }  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ModelMetadata:
+    """What the model says about itself (onnxruntime's ModelMetadata)."""
+
+    producer_name: str
+    graph_name: str
+    domain: str
+    description: str
+    graph_description: str
+    version: int
+    custom_metadata_map: dict[str, str]
 
 
 @dataclass(frozen=True)
@@ -62,25 +78,35 @@ class InferenceSession:
         self,
         path_or_bytes: Any,
         sess_options: SessionOptions | None = None,
-        providers: Sequence[str] | None = None,
+        providers: Sequence[Any] | None = None,
+        provider_options: Sequence[Mapping] | None = None,
         *,
         policy: KernelPolicy | str | Mapping | None = None,
-        device: str = "cpu",
+        device: str | None = None,
         dispatcher: Dispatcher | None = None,
         runner: RunnerFactory | None = None,
     ) -> None:
-        """`runner` replaces the runner the device would get (a factory; see runners.gpu_runner_factory)."""
+        """`providers` as onnxruntime takes them (names or (name, options), best first; see providers.py), or
+        `device` ('cpu', 'cuda[:N]'), which wins when given. `runner` replaces the runner the device would get (a
+        factory; see runners.gpu_runner_factory)."""
+        if sess_options is not None and not isinstance(sess_options, SessionOptions):
+            what = type(sess_options).__name__
+            raise ArgumentError(f"InferenceSession: sess_options expected SessionOptions, got {what}")
         self.options = sess_options or SessionOptions()
-        self.options.graph_optimization_level = GraphOptimizationLevel.parse(self.options.graph_optimization_level)
+        self.options.check()
         self.policy = as_policy(policy)
-        self.device = _check_device(device, providers)
+        device, self._providers = resolve(providers, provider_options, device, self.options.log_severity_level >= 3)
+        self.device = _check_device(device)
         self.dispatcher = dispatcher or default_dispatcher()
+        self._threads = ThreadLimits(self.options.intra_op_num_threads, self.options.inter_op_num_threads)
         model = load_model(path_or_bytes)
         base_dir = os.path.dirname(os.fspath(path_or_bytes)) if isinstance(path_or_bytes, str | os.PathLike) else None
         self.original = import_model(model, base_dir)
+        self._meta = _metadata(model)
         self._ir_version = int(model.ir_version)
         self._overridable = overridable_initializers(model, self.original)
-        self.graph, self.pass_summary = self._optimize(self.original)
+        with self._threads():
+            self.graph, self.pass_summary = self._optimize(self.original)
         self._inputs = list(self.original.inputs)
         self._outputs = list(self.original.outputs)
         self._variants = {frozenset(): GraphVariant(frozenset(), self.graph, tuple(self.graph.inputs))}
@@ -108,18 +134,45 @@ class InferenceSession:
         return [_node_arg(v) for v in self._overridable]
 
     def get_providers(self) -> list[str]:
-        return [self.runner.provider]
+        """The providers in use, best first (the CPU provider always last, as the fallback)."""
+        first = self.runner.provider
+        return [first, *(name for name, _ in self._providers if name != first)]
 
-    def run(self, output_names: Sequence[str] | None, input_feed: Mapping[str, Any], run_options: Any = None) -> list:
+    def get_provider_options(self) -> dict[str, dict[str, str]]:
+        """Each provider's options as given (values as strings, as onnxruntime reports them)."""
+        options = dict(self._providers)
+        return {name: dict(options.get(name, {})) for name in self.get_providers()}
+
+    def get_session_options(self) -> SessionOptions:
+        return self.options
+
+    def get_modelmeta(self) -> ModelMetadata:
+        return self._meta
+
+    def run(
+        self, output_names: Sequence[str] | None, input_feed: Mapping[str, Any], run_options: RunOptions | None = None
+    ) -> list:
         """Outputs named in `output_names` (all for None), as NumPy arrays (device tensors for device feeds)."""
+        _check_run_options(run_options)
         wanted = self._output_indices(output_names)
-        results = self.runner.run(self.variant_for(input_feed), input_feed)
+        with self._threads():
+            results = self.runner.run(self.variant_for(input_feed), input_feed)
         return [results[i] for i in wanted]
+
+    def io_binding(self) -> IOBinding:
+        """An IOBinding: inputs and outputs bound once (device buffers on the GPU), runs without host copies."""
+        return IOBinding(self)
+
+    def run_with_iobinding(self, binding: IOBinding, run_options: RunOptions | None = None) -> None:
+        """Run with the binding's inputs; results land in its bound outputs (see IOBinding)."""
+        _check_run_options(run_options)
+        binding.run(run_options)
 
     # -- planning ----------------------------------------------------------------------------
     def plan(self, input_feed: Mapping[str, Any]) -> ExecutionPlan:
         """The execution plan for these inputs' signature (made and cached on first use)."""
-        return self.runner.plan(self.variant_for(input_feed), input_feed)
+        with self._threads():
+            return self.runner.plan(self.variant_for(input_feed), input_feed)
 
     def variant_for(self, input_feed: Mapping[str, Any]) -> GraphVariant:
         """Check the names fed (unknown, missing, constant initializers) and pick the graph variant."""
@@ -238,9 +291,22 @@ def _candidates(plan: Any) -> list[str]:
     return lines
 
 
-def _check_device(device: str, providers: Sequence[str] | None) -> str:
-    if providers and any("CUDA" in p for p in providers) and device == "cpu":
-        device = "cuda"
+def _check_device(device: str) -> str:
     if not isinstance(device, str) or not (device == "cpu" or device.startswith("cuda")):
         raise ArgumentError(f"InferenceSession: argument 'device' expected 'cpu' or 'cuda[:N]', got {device!r}")
     return device
+
+
+def _check_run_options(run_options: Any) -> None:
+    if run_options is not None and not isinstance(run_options, RunOptions):
+        raise ArgumentError(f"run: run_options expected RunOptions or None, got {type(run_options).__name__}")
+    if run_options is not None and run_options.terminate:
+        raise RunTerminatedError("run: refused, RunOptions.terminate is set")
+
+
+def _metadata(model: Any) -> ModelMetadata:
+    return ModelMetadata(
+        producer_name=model.producer_name, graph_name=model.graph.name, domain=model.domain,
+        description=model.doc_string, graph_description=model.graph.doc_string, version=int(model.model_version),
+        custom_metadata_map={p.key: p.value for p in model.metadata_props},
+    )  # fmt: skip
