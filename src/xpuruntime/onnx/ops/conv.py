@@ -70,20 +70,37 @@ def conv_with_torch(x: Any, w: Any, b: Any, win: Window, group: int) -> Any:
     return fn(F.pad(x, torch_pad_widths(win.widths())), w, b, win.strides, 0, win.dilations, group)
 
 
-def _on_cpu_torch(fn: Any, *arrays: np.ndarray | None) -> np.ndarray:
-    """Run a PyTorch function on NumPy arrays (float16 in float32: PyTorch's CPU kernels lack most of it)."""
-    dtype = arrays[0].dtype
-    work = np.float32 if dtype == np.float16 else dtype
-    tensors = [None if a is None else torch.from_numpy(np.ascontiguousarray(a, work)) for a in arrays]
-    with torch.no_grad():
-        return fn(*tensors).numpy().astype(dtype, copy=False)
+class _CpuTorch:
+    """Runs a PyTorch function on NumPy arrays (float16 in float32: PyTorch's CPU kernels lack most of it). An
+    array PyTorch cannot share (read-only, as initializers are, or strided, or of another dtype) is copied once
+    and the copy kept while the same array comes back (the weights, run after run)."""
+
+    def __init__(self) -> None:
+        self._copies: dict[int, tuple[np.ndarray, Any]] = {}
+
+    def __call__(self, fn: Any, *arrays: np.ndarray | None) -> np.ndarray:
+        dtype = arrays[0].dtype
+        work = np.dtype(np.float32) if dtype == np.float16 else dtype
+        tensors = [None if a is None else self._tensor(position, a, work) for position, a in enumerate(arrays)]
+        with torch.no_grad():
+            return fn(*tensors).numpy().astype(dtype, copy=False)
+
+    def _tensor(self, position: int, a: np.ndarray, work: np.dtype) -> Any:
+        if a.flags.writeable and a.flags.c_contiguous and a.dtype == work:
+            return torch.from_numpy(a)
+        kept = self._copies.get(position)
+        if kept is None or kept[0] is not a:
+            kept = self._copies[position] = (a, torch.from_numpy(np.array(a, work, order="C")))
+        return kept[1]
 
 
 def conv(node: Node, opset: int) -> Fn:
+    on_cpu_torch = _CpuTorch()
+
     def run(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
         win, group = conv_window(node, x, w)
         if CPU_TORCH and _torch_conv(len(win.out)) is not None:
-            return _on_cpu_torch(lambda *t: conv_with_torch(*t, win, group), x, w, b)
+            return on_cpu_torch(lambda *t: conv_with_torch(*t, win, group), x, w, b)
         y = conv_im2col(x.astype(np.float32) if x.dtype == np.float16 else x, w.astype(x.dtype), b, win, group)
         return y.astype(x.dtype, copy=False)
 
@@ -117,6 +134,8 @@ def transpose_geometry(node: Node, x: Any, w: Any) -> tuple[dict, int]:
     if shape is not None or auto in ("SAME_UPPER", "SAME_LOWER"):
         wanted = list(shape)[-n:] if shape is not None else [i * s for i, s in zip(spatial, strides)]
         total = [f - o for f, o in zip(full, wanted)]
+        if shape is None:  # auto_pad alone never pads negatively (onnxruntime): the output may stay smaller
+            total = [max(t, 0) for t in total]
         half = [t // 2 for t in total]
         begin = half if auto == "SAME_UPPER" else [t - h for t, h in zip(total, half)]
         end = [t - b for t, b in zip(total, begin)]
@@ -172,10 +191,12 @@ def conv_transpose_with_torch(x: Any, w: Any, b: Any, geometry: dict, group: int
 
 
 def conv_transpose(node: Node, opset: int) -> Fn:
+    on_cpu_torch = _CpuTorch()
+
     def run(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
         geometry, group = transpose_geometry(node, x, w)
         if CPU_TORCH and 1 <= x.ndim - 2 <= 3:
-            return _on_cpu_torch(lambda *t: conv_transpose_with_torch(*t, geometry, group), x, w, b)
+            return on_cpu_torch(lambda *t: conv_transpose_with_torch(*t, geometry, group), x, w, b)
         work = x.astype(np.float32) if x.dtype == np.float16 else x
         return conv_transpose_numpy(work, w.astype(work.dtype), b, geometry, group).astype(x.dtype, copy=False)
 

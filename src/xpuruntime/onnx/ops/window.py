@@ -84,29 +84,23 @@ def window(node: Node, spatial: tuple[int, ...], kernel: tuple[int, ...], ceil_m
     return Window(tuple(kernel), strides, dilations, tuple(begin), tuple(end), tuple(extra), tuple(out))
 
 
+def _view(shape: tuple[int, ...], strides: tuple[int, ...], win: Window) -> tuple[tuple, tuple]:
+    """Shape and strides of the (N, C, *out, *kernel) windows of an array of `shape` and `strides`."""
+    spatial = strides[2:]
+    steps = [st * s for st, s in zip(spatial, win.strides)] + [st * d for st, d in zip(spatial, win.dilations)]
+    return (*shape[:2], *win.out, *win.kernel), (*strides[:2], *steps)
+
+
 def numpy_windows(x: np.ndarray, win: Window) -> np.ndarray:
-    """A padded (N, C, *spatial) array's windows as a view (N, C, *out, *kernel)."""
-    lead, spatial = x.strides[:2], x.strides[2:]
-    shape = (*x.shape[:2], *win.out, *win.kernel)
-    steps = (
-        *lead,
-        *(st * s for st, s in zip(spatial, win.strides)),
-        *(st * d for st, d in zip(spatial, win.dilations)),
-    )
+    """A padded (N, C, *spatial) array's windows as a read-only view (N, C, *out, *kernel)."""
+    shape, steps = _view(x.shape, x.strides, win)
     return np.lib.stride_tricks.as_strided(x, shape, steps, writeable=False)
 
 
 def torch_windows(x: Any, win: Window) -> Any:
-    """The same view of a contiguous padded tensor (element strides)."""
+    """The same view of a padded tensor."""
     x = x.contiguous()
-    lead, spatial = x.stride()[:2], x.stride()[2:]
-    shape = (*x.shape[:2], *win.out, *win.kernel)
-    steps = (
-        *lead,
-        *(st * s for st, s in zip(spatial, win.strides)),
-        *(st * d for st, d in zip(spatial, win.dilations)),
-    )
-    return x.as_strided(shape, steps)
+    return x.as_strided(*_view(tuple(x.shape), x.stride(), win))
 
 
 def torch_pad_widths(widths: list[tuple[int, int]]) -> list[int]:
