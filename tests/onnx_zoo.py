@@ -39,12 +39,12 @@ def _program(name: str) -> object:
 
 
 @functools.cache
-def exported(name: str, exporter: str, opset: int) -> bytes:
+def exported(name: str, exporter: str, opset: int, optimize: bool = True) -> bytes:
     """The tiny model's ONNX bytes (the dynamo exporter's torch.export trace is shared by all opsets)."""
     pytest.importorskip("transformers")
     model, example = built(name)
     program = _program(name) if exporter == "dynamo" else None
-    return export(model, example, ZOO[name], exporter, opset, program=program)
+    return export(model, example, ZOO[name], exporter, opset, program=program, optimize=optimize)
 
 
 def feed(name: str, batch: int, side: int | None, seed: int = 0) -> dict[str, np.ndarray]:

@@ -13,15 +13,25 @@ ort = pytest.importorskip("onnxruntime")
 from onnx_zoo import OPSETS, exported, feed, session, signatures  # noqa: E402
 
 from xpuruntime.bench.zoo_models import EXPORTERS, ZOO, max_abs_error  # noqa: E402
+from xpuruntime.graph.ir import GraphError  # noqa: E402
 from xpuruntime.graph.passes import optimize  # noqa: E402
 from xpuruntime.onnx.semantics import ONNX_SEMANTICS  # noqa: E402
 
 MATRIX = [(name, exporter, opset) for name in ZOO for exporter in EXPORTERS for opset in OPSETS]
+# Exports the exporter gets wrong: its opset-17 conversion of GPT-2 keeps Split-18's num_outputs attribute, which
+# onnx.checker and onnxruntime refuse as an invalid model; the session refuses it too, naming the node.
+INVALID_EXPORTS = {("gpt2", "dynamo", 17): "Split.*unknown attribute.*num_outputs"}
 
 
 @pytest.mark.parametrize(("name", "exporter", "opset"), MATRIX)
 def test_zoo_model_matches_onnxruntime(name: str, exporter: str, opset: int) -> None:
     data = exported(name, exporter, opset)
+    if (name, exporter, opset) in INVALID_EXPORTS:
+        with pytest.raises(GraphError, match=INVALID_EXPORTS[name, exporter, opset]):
+            session(data)
+        with pytest.raises(Exception, match="num_outputs"):
+            ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+        return
     ours = session(data)
     reference = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
     for batch, side in signatures(name):
@@ -36,15 +46,14 @@ def test_zoo_model_matches_onnxruntime(name: str, exporter: str, opset: int) -> 
 
 # What each pass must fuse on the opset-18 exports (the same from both exporters): layers 2 per tiny text model,
 # so attention 2; BERT's 2 erf GELUs, GPT-2's 2 tanh GELUs; Llama's 5 RMSNorms (2 per layer and the final one);
-# on GPU graphs, every MatMul/Gemm with a bias (6 per BERT layer, 4 per GPT-2 or ViT layer, ViT's head); the
-# BatchNormalizations after each Conv of the CNNs (17 in the tiny ResNet-50, 14 in the tiny MobileNetV3).
+# on GPU graphs, every MatMul/Gemm with a bias (6 per BERT layer, 4 per GPT-2 or ViT layer, the classifier heads).
 EXPECTED = {
     "bert": {"attention_fusion": 2, "gelu_fusion": 2, "linear_fusion": 12},
     "gpt2": {"attention_fusion": 2, "gelu_fusion": 2, "linear_fusion": 8},
     "llama": {"attention_fusion": 2, "rms_norm_fusion": 5},
     "vit_b16": {"attention_fusion": 2, "gelu_fusion": 2, "linear_fusion": 9},
-    "resnet50": {"conv_bn_folding": 17},
-    "mobilenet_v3": {"conv_bn_folding": 14},
+    "resnet50": {"linear_fusion": 1},
+    "mobilenet_v3": {"linear_fusion": 2},
 }
 FUSIONS = ("attention_fusion", "gelu_fusion", "rms_norm_fusion", "linear_fusion", "conv_bn_folding", "matmul_packing")
 
@@ -61,12 +70,24 @@ def _fused(data: bytes) -> dict[str, int]:
 @pytest.mark.parametrize("exporter", EXPORTERS)
 @pytest.mark.parametrize("name", list(EXPECTED))
 def test_zoo_fusions_fire(name: str, exporter: str) -> None:
-    if name in ("resnet50", "mobilenet_v3") and exporter == "torchscript":
-        pytest.skip("the TorchScript exporter folds BatchNormalization into the Conv itself")
     counts = _fused(exported(name, exporter, 18))
     print(f"{name} ({exporter}): {counts}")  # the report: pytest -s shows every model's counts
     for pass_name, want in EXPECTED[name].items():
         assert counts[pass_name] == want, (pass_name, counts)
+
+
+@pytest.mark.parametrize("exporter", EXPORTERS)
+@pytest.mark.parametrize(("name", "convs"), [("resnet50", 17), ("mobilenet_v3", 14)])
+def test_conv_bn_folding_fires_where_the_exporter_did_not_fold(name: str, convs: int, exporter: str) -> None:
+    """Both exporters fold BatchNormalization into Conv themselves unless told not to optimize; exported so, every
+    BN after a Conv (17 in the tiny ResNet-50, 14 in the tiny MobileNetV3) is folded here, outputs unchanged."""
+    data = exported(name, exporter, 18, optimize=False)
+    ours = session(data)
+    assert {r.name: r.changes for r in ours.pass_summary}["conv_bn_folding"] == convs
+    assert "BatchNormalization" not in ours.graph.op_counts()
+    inputs = feed(name, 2, None)
+    (want,) = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, inputs)
+    assert max_abs_error(ours.run(None, inputs)[0], want) <= 1e-4
 
 
 def test_layer_norm_fusion_fires_on_an_old_opset_export() -> None:

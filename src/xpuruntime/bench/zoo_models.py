@@ -293,10 +293,13 @@ ZOO: dict[str, ZooModel] = {
 
 
 # -- export --------------------------------------------------------------------------------------------------------
-def export(model: Any, example: tuple, spec: ZooModel, exporter: str, opset: int, program: Any = None) -> bytes:
+def export(
+    model: Any, example: tuple, spec: ZooModel, exporter: str, opset: int, program: Any = None, optimize: bool = True
+) -> bytes:
     """ONNX bytes of `model` with dynamic dims as `spec` says. `exporter` "dynamo" (torch.onnx.export's default,
     through torch.export; pass `program`, from `exported_program`, to reuse one trace for several opsets) or
-    "torchscript" (dynamo=False)."""
+    "torchscript" (dynamo=False). `optimize=False` turns the exporter's own graph optimization off (constant
+    folding, which folds BatchNormalization into Conv, among others), as some users export."""
     import torch
 
     if exporter not in EXPORTERS:
@@ -308,11 +311,11 @@ def export(model: Any, example: tuple, spec: ZooModel, exporter: str, opset: int
         if exporter == "torchscript":
             buffer = io.BytesIO()
             torch.onnx.export(model, example, buffer, input_names=names, output_names=["output"], dynamo=False,
-                              dynamic_axes=dynamic, opset_version=opset)  # fmt: skip
+                              dynamic_axes=dynamic, opset_version=opset, do_constant_folding=optimize)  # fmt: skip
             return buffer.getvalue()
         program = program if program is not None else exported_program(model, example, spec)
         onnx_program = torch.onnx.export(program, example, input_names=names, output_names=["output"], dynamo=True,
-                                         opset_version=opset, verbose=False)  # fmt: skip
+                                         opset_version=opset, verbose=False, optimize=optimize)  # fmt: skip
         return onnx_program.model_proto.SerializeToString()
 
 

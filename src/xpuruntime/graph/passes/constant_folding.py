@@ -1,5 +1,7 @@
 """Constant folding: nodes whose inputs are all constants become constants, and so do Shape nodes
-(and Gathers from them) over dims that shape inference knows. Large results are not folded."""
+(and Gathers from them) over dims that shape inference knows, and CastLike(constant, x) for x of a known dtype
+(the dynamo exporter's zero bias of a bias-free Conv reads the input's dtype that way). Large results are not
+folded."""
 
 from __future__ import annotations
 
@@ -70,6 +72,9 @@ def run(graph: Graph, ctx: PassContext) -> int:
         elif node.op == "Gather":
             picked = _gather_of_shape(graph, node, producers)
             results = None if picked is None else [picked]
+        elif node.op == "CastLike" and graph.constant(node.inputs[0]) is not None:
+            dtype = graph.value(node.inputs[1]).dtype
+            results = None if dtype is None else [graph.constant(node.inputs[0]).astype(dtype)]
         else:
             results = None
         if results is None or len(results) != len([o for o in node.outputs if o]):
