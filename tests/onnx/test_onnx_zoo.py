@@ -114,3 +114,27 @@ def test_fused_graph_keeps_exporters_guard_for_rows_without_keys() -> None:
     (want,) = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, inputs)
     (got,) = ours.run(None, inputs)
     assert not np.isnan(got).any() and max_abs_error(got, want) <= 1e-4
+
+
+@pytest.mark.parametrize("name", ["bert", "gpt2", "llama"])
+def test_batch_size_zero_gives_empty_outputs_as_onnxruntime(name: str) -> None:
+    """The dynamo exporter's Reshape(x, [batch, seq, -1, head]) with allowzero: onnxruntime works the -1 out from
+    the non-zero dims for an empty batch, and so does the session (the TorchScript export fails in both)."""
+    data = exported(name, "dynamo", 18)
+    inputs = {k: v[:0] for k, v in feed(name, 2, None).items()}
+    (want,) = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, inputs)
+    (got,) = session(data).run(None, inputs)
+    assert got.shape == want.shape == (0, 7, 32) and got.dtype == want.dtype
+
+
+def test_cli_run_makes_inputs_valid_for_the_model(tmp_path, capsys) -> None:
+    """`xpuruntime run bert.onnx`: token ids and token types stay inside their embedding tables; --explain says
+    each rejected kernel's reason once, not once per node."""
+    from cli_runner import run_cli
+
+    path = tmp_path / "bert.onnx"
+    path.write_bytes(exported("bert", "torchscript", 18))
+    code, out, _ = run_cli(capsys, "run", str(path), "--dim", "batch=3", "--iterations", "1", "--explain")
+    assert code == 0 and "(3, 2, 32)" in out  # batch 3, sequence 2 (the default for a symbolic dim)
+    explained = [line.strip() for line in out.splitlines() if "rejected:" in line]
+    assert explained and len(explained) == len(set(explained))

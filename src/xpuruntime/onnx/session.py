@@ -247,10 +247,16 @@ class InferenceSession:
             return "\n".join(lines)
         lines.append(f"  plan: {len(plan.steps)} steps, {plan.folded} nodes folded for this signature, "
                      f"{plan.reused_buffers} buffers reused")  # fmt: skip
+        said: set[str] = set()  # a candidate's verdict is printed once, at the first step it applies to
         for step in plan.steps:
             lines.append(f"  {step.node.name:<32} {step.node.op:<20} -> {step.describe()}")
             if verbose and step.plan is not None:
-                lines += [f"      {line}" for line in _candidates(step.plan)]
+                verdicts = _candidates(step.plan)
+                lines += [f"      {line}" for line in verdicts if line not in said]
+                repeated = sum(line in said for line in verdicts)
+                if repeated:
+                    lines.append(f"      ({repeated} other candidate(s): as for an earlier step)")
+                said.update(verdicts)
         return "\n".join(lines)
 
     def plan_summary(self) -> dict[str, int]:

@@ -48,11 +48,18 @@ def reshape_1(node: Node, ctx: LoadContext) -> None:
 
 
 def reshape_dims(node: Node, x_shape: tuple[int, ...], target: Any) -> list[int]:
-    """Reshape's target with its 0s (copy the input's dim, unless allowzero) written out."""
+    """Reshape's target with its 0s (copy the input's dim, unless allowzero) written out. With allowzero, an empty
+    input and a literal 0 beside a -1 (any size would do), the -1 is worked out from the non-zero dims on both
+    sides, as onnxruntime does: batch size 0 through the dynamo exporter's Reshape(x, [batch, seq, -1, 64])."""
     dims = ints(target)
-    if node.attrs.get("allowzero", 0):
-        return dims
-    return [x_shape[i] if d == 0 and i < len(x_shape) else d for i, d in enumerate(dims)]
+    if not node.attrs.get("allowzero", 0):
+        return [x_shape[i] if d == 0 and i < len(x_shape) else d for i, d in enumerate(dims)]
+    if dims.count(-1) == 1 and 0 in dims and 0 in x_shape:
+        known = math.prod(d for d in dims if d not in (0, -1))
+        total = math.prod(d for d in x_shape if d)
+        if known and total % known == 0:
+            dims[dims.index(-1)] = total // known
+    return dims
 
 
 def reshape(node: Node, opset: int) -> Fn:
