@@ -12,6 +12,8 @@ from .export import to_onnx
 from .importer import value_of
 from .ops import OPS
 
+SHAPE_DATA_ELEMENTS = 4096  # constants up to this size go to shape inference with their data (shapes, axes, ...)
+
 
 class OnnxSemantics:
     """ONNX ops as the op records define them (see graph.passes.OpSemantics)."""
@@ -34,7 +36,7 @@ class OnnxSemantics:
         """The types ONNX shape inference (with data propagation) gives the values of the graph's nodes;
         best effort: [] when it cannot run on this graph."""
         try:
-            model = to_onnx(graph, with_values=False)
+            model = to_onnx(graph, with_values=False, typed_only_above=SHAPE_DATA_ELEMENTS)
             inferred = onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True)
         except Exception:
             return []
