@@ -203,14 +203,19 @@ class GpuRunner(Runner):
         constants = self.constants.setdefault(variant.fed, {})
         before = self._allocated()
         with self.lock, self.policy_scope():
-            planner = GpuPlanner(variant.graph, self.dispatcher, self.fns, False, device=self.device,
-                                 constants=constants)  # fmt: skip
+            planner = GpuPlanner(variant.graph, self.dispatcher, self.fns, False, self.tensor_limit(),
+                                 device=self.device, constants=constants)  # fmt: skip
             plan, outputs = planner.build({v.name: t for v, t in zip(variant.inputs, tensors)})
         entry = GpuPlanEntry(plan, [o.clone() if hasattr(o, "clone") else o for o in outputs])
         if self.options.enable_cuda_graph and self.device.type == "cuda" and not plan.varying:
             entry.capture(tensors)
         entry.nbytes = max(self._allocated() - before, 0)
         return entry
+
+    def device_memory(self) -> int:
+        if self.device.type != "cuda":
+            return super().device_memory()
+        return int(_torch_module.cuda.get_device_properties(self.device).total_memory)
 
     def _allocated(self) -> int:
         if self.device.type != "cuda":
