@@ -308,3 +308,76 @@ def cast_torch(node: Node, opset: int) -> Fn:
 
 op("Cast", cast, cast_torch)
 op("CastLike", _plain(lambda x, like: x.astype(like.dtype)), _plain(lambda x, like: x.to(like.dtype)))
+
+
+# -- more math: trigonometry, IsInf, Swish, Mish, Shrink -----------------------------------------------------------
+for _name, _numpy, _torch in (
+    ("Tan", np.tan, "torch.tan"), ("Asin", np.arcsin, "torch.asin"), ("Acos", np.arccos, "torch.acos"),
+    ("Atan", np.arctan, "torch.atan"), ("Sinh", np.sinh, "torch.sinh"), ("Cosh", np.cosh, "torch.cosh"),
+    ("Asinh", np.arcsinh, "torch.asinh"), ("Acosh", np.arccosh, "torch.acosh"), ("Atanh", np.arctanh, "torch.atanh"),
+):  # fmt: skip
+    op(_name, _keep_dtype(_numpy), _lazy(_torch))
+
+
+def is_inf(node: Node, opset: int) -> Fn:
+    negative, positive = bool(node.attrs.get("detect_negative", 1)), bool(node.attrs.get("detect_positive", 1))
+
+    def run(x: Any) -> Any:
+        module = np if isinstance(x, np.ndarray) else torch
+        found = module.isinf(x)
+        if not negative:
+            found = found & (x > 0)
+        if not positive:
+            found = found & (x < 0)
+        return found
+
+    return run
+
+
+op("IsInf", is_inf, is_inf)
+op("Swish", lambda node, opset: lambda x: (x * _sigmoid(x * node.attrs.get("alpha", 1.0))).astype(x.dtype),
+   lambda node, opset: lambda x: x * torch.sigmoid(x * node.attrs.get("alpha", 1.0)))  # fmt: skip
+op("Mish", _keep_dtype(lambda x: x * np.tanh(np.logaddexp(0, x))), lambda node, opset: F.mish)
+
+
+def shrink(node: Node, opset: int) -> Fn:
+    bias, lambd = float(node.attrs.get("bias", 0.0)), float(node.attrs.get("lambd", 0.5))
+
+    def run(x: Any) -> Any:
+        if isinstance(x, np.ndarray):
+            return np.where(x < -lambd, x + bias, np.where(x > lambd, x - bias, 0)).astype(x.dtype)
+        return torch.where(x < -lambd, x + bias, torch.where(x > lambd, x - bias, torch.zeros_like(x)))
+
+    return run
+
+
+op("Shrink", shrink, shrink)
+
+
+# -- bitwise ops -----------------------------------------------------------------------------------------------------
+op("BitwiseAnd", _plain(np.bitwise_and), _lazy("torch.bitwise_and"), size=broadcast_size)
+op("BitwiseOr", _plain(np.bitwise_or), _lazy("torch.bitwise_or"), size=broadcast_size)
+op("BitwiseXor", _plain(np.bitwise_xor), _lazy("torch.bitwise_xor"), size=broadcast_size)
+op("BitwiseNot", _plain(np.bitwise_not), _lazy("torch.bitwise_not"))
+
+
+def bit_shift(node: Node, opset: int) -> Fn:
+    left = node.attrs.get("direction") == "LEFT"
+
+    def run(x: Any, n: Any) -> Any:
+        if isinstance(x, np.ndarray):
+            return (np.left_shift(x, n) if left else np.right_shift(x, n)).astype(x.dtype, copy=False)
+        return torch.bitwise_left_shift(x, n) if left else torch.bitwise_right_shift(x, n)
+
+    return run
+
+
+def check_direction(node: Node, ctx: LoadContext) -> None:
+    if node.attrs.get("direction") not in ("LEFT", "RIGHT"):
+        raise UnsupportedModelError(
+            f"{node.describe()}: attribute direction={node.attrs.get('direction')!r} is not supported; "
+            "supported: LEFT, RIGHT"
+        )
+
+
+op("BitShift", bit_shift, bit_shift, check=check_direction, size=broadcast_size)
