@@ -6,7 +6,23 @@ call `op(...)` with the facts about it; importing the module here registers it. 
 
 from __future__ import annotations
 
-from . import attention, conv, elementwise, indexing, linalg, losses, nn, pad, pool, reduce, resize, shape, signal  # noqa: F401
+from . import (
+    attention,
+    conv,
+    elementwise,
+    grid,
+    indexing,
+    linalg,
+    losses,
+    nn,
+    pad,
+    pool,
+    reduce,
+    resize,
+    rnn,
+    shape,
+    signal,
+)  # noqa: F401
 from .record import OPS, LoadContext, OpRecord
 
 SUPPORTED = frozenset(OPS) | {"Constant"}  # Constant nodes become initializers when the model is loaded

@@ -110,4 +110,82 @@ def unique(node: Node, opset: int) -> Fn:
     return run
 
 
-op("Unique", unique, tuple_output=True)
+op("Unique", unique, tuple_output=True, shape_inputs=(0,))  # its output shapes follow its values
+
+
+def dft(node: Node, opset: int) -> Fn:
+    """DFT-17 (axis an attribute, default 1) and DFT-20 (axis an input, default -2) over a signal whose last dim
+    holds the real part, or real and imaginary parts; onesided keeps (or, inverse, takes) half the spectrum."""
+    inverse, onesided = bool(node.attrs.get("inverse", 0)), bool(node.attrs.get("onesided", 0))
+
+    def run(x: np.ndarray, length: Any = None, axis: Any = None) -> np.ndarray:
+        if opset >= 20:
+            ax = -2 if axis is None or np.size(axis) == 0 else int(scalar(axis))
+        else:
+            ax = int(node.attrs.get("axis", 1))
+        ax = ax % x.ndim
+        if ax == x.ndim - 1 or x.shape[-1] not in (1, 2):
+            raise ShapeError(f"DFT: axis {ax} of a signal of shape {x.shape} (last dim 1 or 2, not the axis)")
+        signal = x[..., 0] + (1j * x[..., 1] if x.shape[-1] == 2 else 0)
+        given = length is not None and np.size(length) > 0
+        n = int(scalar(length)) if given else 2 * (x.shape[ax] - 1) if inverse and onesided else x.shape[ax]
+        if inverse and onesided:
+            return np.fft.irfft(signal, n=n, axis=ax)[..., None].astype(x.dtype)
+        result = np.fft.ifft(signal, n=n, axis=ax) if inverse else np.fft.fft(signal, n=n, axis=ax)
+        if onesided:
+            result = np.take(result, np.arange(result.shape[ax] // 2 + 1), axis=ax)
+        return np.stack([result.real, result.imag], axis=-1).astype(x.dtype)
+
+    return run
+
+
+op("DFT", dft, shape_inputs=(1, 2))
+
+
+def _corners(boxes: np.ndarray, center: bool) -> np.ndarray:
+    """(…, 4) boxes as (y1, x1, y2, x2) with y1 <= y2 and x1 <= x2."""
+    if center:
+        x, y, w, h = (boxes[..., i] for i in range(4))
+        return np.stack([y - h / 2, x - w / 2, y + h / 2, x + w / 2], axis=-1)
+    y1, x1, y2, x2 = (boxes[..., i] for i in range(4))
+    return np.stack([np.minimum(y1, y2), np.minimum(x1, x2), np.maximum(y1, y2), np.maximum(x1, x2)], axis=-1)
+
+
+def _iou(box: np.ndarray, others: np.ndarray) -> np.ndarray:
+    top, left = np.maximum(box[0], others[:, 0]), np.maximum(box[1], others[:, 1])
+    bottom, right = np.minimum(box[2], others[:, 2]), np.minimum(box[3], others[:, 3])
+    inter = np.clip(bottom - top, 0, None) * np.clip(right - left, 0, None)
+    area = (box[2] - box[0]) * (box[3] - box[1])
+    areas = (others[:, 2] - others[:, 0]) * (others[:, 3] - others[:, 1])
+    union = area + areas - inter
+    return np.where(union > 0, inter / np.where(union > 0, union, 1), 0)
+
+
+def non_max_suppression(node: Node, opset: int) -> Fn:
+    """Greedy per batch and class: boxes by descending score (ties in index order) above score_threshold, each
+    kept unless its IoU with a kept one exceeds iou_threshold, at most max_output_boxes_per_class."""
+    center = bool(node.attrs.get("center_point_box", 0))
+
+    def run(boxes: np.ndarray, scores: np.ndarray, limit: Any = None, iou: Any = None, floor: Any = None) -> Any:
+        most = int(scalar(limit)) if limit is not None and np.size(limit) else 0
+        iou_max = float(scalar(iou)) if iou is not None and np.size(iou) else 0.0
+        corners = _corners(boxes.astype(np.float64), center)
+        found = []
+        for b in range(scores.shape[0]):
+            for c in range(scores.shape[1]):
+                s = scores[b, c]
+                order = [i for i in np.argsort(-s, kind="stable") if floor is None or not np.size(floor)
+                         or s[i] > float(scalar(floor))]  # fmt: skip
+                kept: list[int] = []
+                for i in order:
+                    if len(kept) >= most:
+                        break
+                    if not kept or np.all(_iou(corners[b, i], corners[b, kept]) <= iou_max):
+                        kept.append(int(i))
+                found += [(b, c, i) for i in kept]
+        return np.array(found, np.int64).reshape(-1, 3)
+
+    return run
+
+
+op("NonMaxSuppression", non_max_suppression, shape_inputs=(0, 1, 2, 3, 4))
