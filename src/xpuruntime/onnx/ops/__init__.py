@@ -22,9 +22,26 @@ from . import (
     rnn,
     shape,
     signal,
-)  # noqa: F401
+)
 from .record import OPS, LoadContext, OpRecord
 
+FAMILIES = (
+    attention,
+    conv,
+    elementwise,
+    grid,
+    indexing,
+    linalg,
+    losses,
+    nn,
+    pad,
+    pool,
+    reduce,
+    resize,
+    rnn,
+    shape,
+    signal,
+)  # importing a family's module registers its ops
 SUPPORTED = frozenset(OPS) | {"Constant"}  # Constant nodes become initializers when the model is loaded
 
 __all__ = ["OPS", "SUPPORTED", "LoadContext", "OpRecord"]

@@ -13,7 +13,7 @@ import numpy as np
 from ...errors import ShapeError
 from ...graph.ir import Node
 from ..errors import UnsupportedModelError
-from .record import F, Fn, LoadContext, op, torch
+from .record import F, Fn, LoadContext, op
 
 MODES = {"bilinear": "linear", "linear": "linear", "nearest": "nearest", "bicubic": "cubic", "cubic": "cubic"}
 PADDINGS = ("zeros", "border", "reflection")

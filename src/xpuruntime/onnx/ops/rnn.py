@@ -5,6 +5,7 @@ with its alpha and beta). NumPy, one time step after another (the GPU path runs 
 from __future__ import annotations
 
 from collections.abc import Callable
+
 import numpy as np
 
 from ...errors import ShapeError
@@ -103,7 +104,7 @@ def recurrent(node: Node, opset: int) -> Fn:
     batch_first = bool(node.attrs.get("layout", 0))
     n_gates = GATES[node.op]
 
-    def run(x, weights, recurrence, bias=None, lengths=None, h0=None, c0=None, peep=None) -> tuple:  # noqa: ANN001
+    def run(x, weights, recurrence, bias=None, lengths=None, h0=None, c0=None, peep=None) -> tuple:
         xs = (x.transpose(1, 0, 2) if batch_first else x).astype(np.float64)
         seq, batch, _ = xs.shape
         size = hidden or weights.shape[1] // n_gates
