@@ -259,3 +259,28 @@ def one_hot_size(node: Node, args: list, opset: int) -> tuple[tuple[int, ...], i
 
 
 op("OneHot", one_hot, one_hot_torch, shape_inputs=(1,), host_inputs=(0,), size=one_hot_size)
+
+
+def tensor_scatter(node: Node, opset: int) -> Fn:
+    """A key/value cache update: `update` written into `past` along `axis` from each batch's write index
+    (wrapping around with mode 'circular')."""
+    circular, axis = node.attrs.get("mode", "linear") == "circular", int(node.attrs.get("axis", -2))
+
+    def run(past: np.ndarray, update: np.ndarray, write: Any = None) -> np.ndarray:
+        ax = axis_index("TensorScatter", axis, past.ndim)
+        if ax == 0 or update.shape[:ax] != past.shape[:ax] or update.shape[ax] > past.shape[ax]:
+            raise ShapeError(f"TensorScatter: update {update.shape} does not fit cache {past.shape} on axis {axis}")
+        starts = np.zeros(past.shape[0], np.int64) if write is None else np.asarray(write, np.int64).reshape(-1)
+        out = past.copy()
+        for b, start in enumerate(starts):
+            rows = start + np.arange(update.shape[ax])
+            rows = rows % past.shape[ax] if circular else rows
+            index = [slice(None)] * (past.ndim - 1)
+            index[ax - 1] = rows  # one array index: its dim stays in place
+            out[b][tuple(index)] = update[b]
+        return out
+
+    return run
+
+
+op("TensorScatter", tensor_scatter, host_inputs=(2,))
