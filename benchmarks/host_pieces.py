@@ -14,7 +14,7 @@ import torch
 import xpuruntime as xrt
 import xpuruntime.pytorch as xtorch
 from xpuruntime.bench.training import host_us
-from xpuruntime.pytorch import routing
+from xpuruntime.pytorch import router as routing
 
 
 def main() -> None:

@@ -6,7 +6,7 @@ set -uo pipefail
 OUT=${OUT:-/tmp/xrt-native}
 mkdir -p "$OUT"
 source "$(dirname "$0")/device_env.sh"
-python3 -c "import time; t = time.time(); from xpuruntime.pytorch import native_routes as n; n.load(); print(n.status(), f'(first load {time.time() - t:.1f} s)')" 2>&1 | tee "$OUT/build.txt"
+python3 -c "import time; t = time.time(); from xpuruntime.pytorch import native as n; n.load(); print(n.status(), f'(first load {time.time() - t:.1f} s)')" 2>&1 | tee "$OUT/build.txt"
 cost='from xpuruntime.bench.training import override_cost; import json, os; print(os.environ.get("XPURUNTIME_NATIVE", "1"), json.dumps(override_cost()))'
 for i in 1 2 3; do
     python3 -c "$cost"

@@ -20,7 +20,8 @@ import xpuruntime as xrt
 import xpuruntime.pytorch as xtorch
 from xpuruntime import autotune
 from xpuruntime.dispatch import Dispatcher
-from xpuruntime.pytorch import handback, overrides, routing
+from xpuruntime.pytorch import install, router, tuner
+from xpuruntime.pytorch.state import STATE
 from xpuruntime.registry import OPS_PACKAGE, Backend, Registry, _declared, _submodules, kernel
 from xpuruntime.schema import OpSchema
 
@@ -166,18 +167,26 @@ def policy(*ops: str, registry: Registry, **options) -> xrt.KernelPolicy:
 def routed_registry() -> Iterator[Registry]:
     """Route CPU aten ops through a private dispatcher (use from a fixture); everything is undone after."""
     registry = make_registry()
-    routing.use_dispatcher(Dispatcher(registry))
-    overrides.route_devices(("cpu",))
+    router.use_dispatcher(Dispatcher(registry))
+    install.route_devices(("cpu",))
     CALLS.clear()
-    routing._warned_ops.clear()  # one fallback warning per op and kernel name: each test sees its own
+    forget_warnings()
     try:
         yield registry
     finally:
         xtorch.clear_kernel_policy()
-        handback.reset()
-        overrides.route_devices(("cuda",))
-        routing.use_dispatcher(None)
+        tuner.reset()
+        install.route_devices(("cuda",))
+        router.use_dispatcher(None)
         CALLS.clear()
+        forget_warnings()
+
+
+def forget_warnings() -> None:
+    """One fallback warning per op and kernel name (and per op and reason): each test sees its own."""
+    STATE.router.warned.clear()
+    STATE.tracing.warned.clear()
+    STATE.tracing.decisions.clear()
 
 
 def run_without_extension(code: str, timeout: float = 300) -> str:

@@ -11,8 +11,9 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import xpuruntime as xrt
 import xpuruntime.pytorch as xtorch
-from xpuruntime.pytorch import aten_norm, overrides
-from xpuruntime.pytorch import ops as xtorch_ops
+from xpuruntime.pytorch import install
+from xpuruntime.pytorch.custom_ops import attention as attention_ops
+from xpuruntime.pytorch.custom_ops import norm as norm_ops
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning:torch")
 
@@ -25,11 +26,11 @@ def cpu_routing():
 def test_a_scope_refused_for_a_foreign_override_leaves_nothing_behind(cpu_routing):
     with (
         foreign_override("bmm"),
-        pytest.raises(overrides.OverrideConflictError, match="aten::bmm"),
+        pytest.raises(install.OverrideConflictError, match="aten::bmm"),
         xtorch.kernel_policy(policy("matmul", registry=cpu_routing)),
     ):
         pytest.fail("the block must not run")
-    assert not overrides._scoped
+    assert not install.STATE.install.scoped
     xtorch.set_kernel_policy(policy("layer_norm", registry=cpu_routing))
     assert set(xtorch.installed_overrides()) == {"layer_norm"}  # not the refused scope's matmul too
     xtorch.clear_kernel_policy()
@@ -105,7 +106,7 @@ def test_layer_norm_backward_by_pytorch_after_a_routed_forward_keeps_float64(cpu
     w, b = torch.randn(9, dtype=torch.float64, requires_grad=True), torch.randn(9, dtype=torch.float64)
     dy = torch.randn(6, 9, dtype=torch.float64)
     ref = torch.autograd.grad(F.layer_norm(x, (9,), w, b), (x, w), dy)
-    monkeypatch.setattr(aten_norm, "_backward_route", lambda *a: None)  # no backward op registered
+    monkeypatch.setattr(norm_ops, "backward_route", lambda *a: None)  # no backward op registered
     xtorch.set_kernel_policy(policy("layer_norm", registry=cpu_routing))
     got = torch.autograd.grad(F.layer_norm(x, (9,), w, b), (x, w), dy)
     assert CALLS["layer_norm"] == 1
@@ -174,7 +175,7 @@ def test_a_routing_scope_runs_its_backward_on_this_thread(cpu_routing):
 def test_a_refused_scope_leaves_autograd_threading_as_it_was(cpu_routing):
     with foreign_override("bmm"), xtorch.kernel_policy(policy("layer_norm", registry=cpu_routing)):
         with (
-            pytest.raises(overrides.OverrideConflictError),
+            pytest.raises(install.OverrideConflictError),
             xtorch.kernel_policy(policy("matmul", registry=cpu_routing)),
         ):
             pytest.fail("the block must not run")
@@ -199,11 +200,11 @@ def test_fused_attention_keeps_a_float64_logsumexp_for_float64_inputs(cpu_routin
     torch.manual_seed(6)
     q, k, v = (torch.randn(2, 3, 5, 4, dtype=dtype) for _ in range(3))
     xtorch.set_kernel_policy(policy("attention", registry=cpu_routing))
-    _, lse = torch.ops.xpuruntime.fused_attention(q, k, v, None, True, None)
+    _, lse = torch.ops.xpuruntime.attention(q, k, v, None, True, None, False)
     assert CALLS["attention_forward"] == 1
     want = torch.float64 if dtype == torch.float64 else torch.float32
     with torch._subclasses.fake_tensor.FakeTensorMode() as mode:
-        fake = torch.ops.xpuruntime.fused_attention(*(mode.from_tensor(t) for t in (q, k, v)), None, True, None)
+        fake = torch.ops.xpuruntime.attention(*(mode.from_tensor(t) for t in (q, k, v)), None, True, None, False)
     assert lse.dtype == fake[1].dtype == want
     tol = 1e-12 if dtype == torch.float64 else 1e-5
     torch.testing.assert_close(lse.double(), _causal_reference(q, k, v)[1], rtol=tol, atol=tol)
@@ -217,8 +218,8 @@ def test_fused_attention_fallback_math_is_float64_for_float64_inputs(dtype):
     dout = torch.randn(2, 3, 5, 4, dtype=dtype)
     out, lse, leaves = _causal_reference(q, k, v)
     want = torch.autograd.grad(out, leaves, dout.double())
-    got_lse = xtorch_ops._logsumexp(q, k, None, True, None)
-    got = xtorch_ops._attention_grads(dout, q, k, v, out.detach().to(dtype), None, True, None)
+    got_lse = attention_ops.logsumexp(q, k, None, True, None)
+    got = attention_ops.math_grads(dout, q, k, v, out.detach().to(dtype), None, True, None)
     tol = 1e-12 if dtype == torch.float64 else 1e-5
     assert got_lse.dtype == (torch.float64 if dtype == torch.float64 else torch.float32)
     torch.testing.assert_close(got_lse.double(), lse, rtol=tol, atol=tol)

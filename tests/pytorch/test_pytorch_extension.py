@@ -116,16 +116,6 @@ def test_fused_layernorm_matches_layer_norm():
     torch.testing.assert_close(g2, torch.autograd.grad(F.layer_norm(x2, (6,)).sum(), (x2,))[0], atol=1e-5, rtol=1e-4)
 
 
-def test_opcheck_custom_ops():
-    q, k, v = _attention_inputs()
-    torch.library.opcheck(torch.ops.xpuruntime.fused_attention.default, (q, k, v, None, False, None))
-    torch.library.opcheck(torch.ops.xpuruntime.fused_attention.default, (q, k, v, None, True, 0.3))
-    x = torch.randn(3, 5, 6, requires_grad=True)
-    w, b = torch.randn(6, requires_grad=True), torch.randn(6, requires_grad=True)
-    torch.library.opcheck(torch.ops.xpuruntime.fused_layernorm.default, (x, [6], w, b, 1e-5))
-    torch.library.opcheck(torch.ops.xpuruntime.fused_layernorm.default, (x, [5, 6], None, None, 1e-5))
-
-
 def test_custom_ops_compile_fullgraph():
     torch._dynamo.reset()
 

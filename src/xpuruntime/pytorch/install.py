@@ -1,12 +1,16 @@
-"""The process-wide set of aten overrides: exactly those the active policies need, and nothing else.
+"""The process-wide set of aten overrides: those the policies in force need, installed once.
 
-After any policy change the set of ops named by the process policy or by an active scoped policy (any
-thread) is recomputed; when it changes, the registrations it no longer needs are removed and the new
-ones added, each in a `torch.library.Library("aten", "IMPL")` of its own, or natively for the matrix
-products (`native_routes`). An empty set means no registration: PyTorch untouched.
-Each override checks the policy of its own thread at call time, so a scoped policy in one thread never
-steers another thread's calls. Before installing, the current registrations are inspected: a kernel
-that another library registered for the same op and key raises `OverrideConflictError`.
+After a change of the process policy the set of ops named by the process policy or by an active scoped
+policy (any thread) is recomputed; when it changes, the registrations it no longer needs are removed and
+the new ones added, each in a `torch.library.Library("aten", "IMPL")` of its own, or natively for the
+matrix products (`native`). An empty set means no registration: PyTorch untouched.
+
+Entering a scoped policy only adds what it needs and is missing; its overrides stay after it ends, until
+the process policy next changes (or `refresh_overrides()`), so a scope opened around every call costs a
+few µs instead of a rebuild. Each override checks the policy of its own thread at call time, so a scoped
+policy in one thread never steers another thread's calls, and an override no policy needs any more hands
+every call to PyTorch. Before installing, the current registrations are inspected: a kernel that another
+library registered for the same op and key raises `OverrideConflictError`.
 
 A scoped policy lives in this thread's context, which autograd's per-device worker threads do not see:
 so while a scope that routes something is active, this thread runs its own backward passes (autograd's
@@ -15,8 +19,6 @@ multithreading is off for it), and the matrix products of a backward called insi
 
 from __future__ import annotations
 
-import collections
-import threading
 import warnings
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -27,13 +29,10 @@ from ..dispatch import track_launches
 from ..errors import XpuRuntimeError
 from ..policy import KernelPolicy, process_policy
 from ..runtime import extension
-from . import aten_attention, aten_matmul, aten_norm, native_routes
-from .routing import routed_ops
-
-ROUTES: dict[str, tuple[tuple[str, str, Callable], ...]] = {}
-for _module in (aten_matmul, aten_attention, aten_norm):
-    for _op, _routes in _module.ROUTES.items():
-        ROUTES[_op] = ROUTES.get(_op, ()) + _routes
+from . import native
+from .router import routed_ops
+from .routes import ROUTES
+from .state import STATE
 
 _BUILTIN_MARKERS = ("aten/src/ATen", "torch/csrc", "build/aten")
 _OWN_SOURCES = {str(Path(__file__).resolve()), __file__, *map(str, extension.SOURCES)}  # where our overrides register
@@ -41,102 +40,87 @@ _DEVICE_KEYS = {  # the dispatch key of each override level, per device type
     "cuda": {"backend": "CUDA", "autograd": "AutogradCUDA", "autocast": "AutocastCUDA"},
     "cpu": {"backend": "CPU", "autograd": "AutogradCPU", "autocast": "AutocastCPU"},
 }
+_installed = STATE.install
 
 
 class OverrideConflictError(XpuRuntimeError):
     """Another library already overrides an aten kernel that the policy needs."""
 
 
-class _Installed:
-    def __init__(self) -> None:
-        self.removers: dict[tuple[str, str], Callable[[], None]] = {}  # (aten op, dispatch key) -> remove it
-        self.ops: frozenset[str] = frozenset()
-        self.devices: tuple[str, ...] = ("cuda",)
-
-
-_state = _Installed()
-_scoped: collections.Counter[KernelPolicy] = collections.Counter()  # active scoped policies (any thread)
-_lock = threading.RLock()
-
-
 def installed_overrides() -> dict[str, list[str]]:
     """The overridden aten ops per xpuruntime op, e.g. {'matmul': ['mm@CUDA', 'bmm@CUDA', ...]}."""
-    with _lock:
-        return {op: [f"{name}@{key}" for name, key in _registrations(op)] for op in sorted(_state.ops)}
-
-
-def _registrations(op: str) -> list[tuple[str, str]]:
-    return list(_functions(op))
+    with _installed.lock:
+        return {op: [f"{name}@{key}" for name, key in _functions(op)] for op in sorted(_installed.ops)}
 
 
 def _functions(op: str) -> dict[tuple[str, str], Callable]:
     """(aten op, dispatch key) -> override function, for every routed device type."""
     functions = {}
-    for device in _state.devices:
+    for device in _installed.devices:
         for aten_name, level, fn in ROUTES.get(op, ()):
             functions[(aten_name, _DEVICE_KEYS[device][level])] = fn
     return functions
 
 
+def _needed(policy: KernelPolicy) -> frozenset[str]:
+    return frozenset(op for op in routed_ops(policy) if op in ROUTES)
+
+
 def _wanted_ops() -> frozenset[str]:
-    named = set(routed_ops(process_policy())).union(*(routed_ops(policy) for policy in _scoped))
-    return frozenset(op for op in named if op in ROUTES)
+    return frozenset().union(_needed(process_policy()), *(_needed(policy) for policy in _installed.scoped))
 
 
 def refresh_overrides() -> None:
-    """Install or remove overrides to match the policies in force (called after every policy change)."""
-    with _lock:
+    """Make the installed overrides exactly those the policies in force need (after every change of the
+    process policy; also drops those kept for scopes that have ended)."""
+    with _installed.lock:
         wanted = _wanted_ops()
-        if wanted != _state.ops:
+        if wanted != _installed.ops:
             _rebuild(wanted)
 
 
+STATE.refresh = refresh_overrides  # autotune's hand-back calls it (a layer below this one)
+
+
 def scope_entered(policy: KernelPolicy) -> None:
-    with _lock:
-        _scoped[policy] += 1
-        try:
-            refresh_overrides()
-        except BaseException:  # the block never runs, so its exit is never heard: forget the scope now
-            _forget_scope(policy)
-            raise
-    native_routes.scope_entered(policy)
-    _backward_threads.saved.append(torch._C._is_multithreading_enabled())
+    """A scoped policy's block begins: add the overrides it needs (nothing is rebuilt when they are in place)."""
+    with _installed.lock:
+        _installed.scoped[policy] += 1
+        needed = _needed(policy)
+        if not needed <= _installed.ops:
+            try:
+                _rebuild(_installed.ops | needed)
+            except BaseException:  # the block never runs, so its exit is never heard: forget the scope now
+                _forget_scope(policy)
+                raise
+    native.scope_entered(policy)
+    threads = STATE.threads
+    threads.multithreading.append(torch._C._is_multithreading_enabled())
     if routed_ops(policy):
         torch._C._set_multithreading_enabled(False)  # a backward here runs here, under this scope
 
 
 def scope_exited(policy: KernelPolicy) -> None:
-    torch._C._set_multithreading_enabled(_backward_threads.saved.pop())
-    native_routes.scope_exited()
+    torch._C._set_multithreading_enabled(STATE.threads.multithreading.pop())
+    native.scope_exited()
     _forget_scope(policy)
 
 
 def _forget_scope(policy: KernelPolicy) -> None:
-    with _lock:
-        _scoped[policy] -= 1
-        if _scoped[policy] <= 0:
-            del _scoped[policy]
-        refresh_overrides()
-
-
-class _BackwardThreads(threading.local):
-    saved: list[bool]
-
-    def __init__(self) -> None:
-        self.saved = []  # autograd's multithreading flag as each active scope of this thread found it
-
-
-_backward_threads = _BackwardThreads()
+    with _installed.lock:
+        _installed.scoped[policy] -= 1
+        if _installed.scoped[policy] <= 0:
+            del _installed.scoped[policy]
 
 
 def route_devices(devices: Iterable[str]) -> None:
     """Which device types get overrides: ('cuda',) normally; tests add 'cpu' to exercise routing on CPU."""
-    with _lock:
+    with _installed.lock:
         devices = tuple(devices)
         unknown = set(devices) - set(_DEVICE_KEYS)
         if unknown:
             raise XpuRuntimeError(f"route_devices: unknown device type(s) {sorted(unknown)}; expected cuda or cpu")
-        ops, _state.devices = _state.ops, devices
+        ops, _installed.devices = _installed.ops, devices
         _rebuild(frozenset(), check=False)
         _rebuild(ops)
 
@@ -147,26 +131,26 @@ def _rebuild(ops: frozenset[str], check: bool = True) -> None:
     functions: dict[tuple[str, str], Callable] = {}
     for op in sorted(ops):
         functions.update(_functions(op))
-    added = {where: fn for where, fn in functions.items() if where not in _state.removers}
+    added = {where: fn for where, fn in functions.items() if where not in _installed.removers}
     if check:
         for aten_name, key in added:
             _check_no_foreign_kernel(aten_name, key)
     if functions:
         track_launches(True)  # before any override exists: they must see which calls our kernels make
     for (aten_name, key), fn in added.items():
-        _state.removers[(aten_name, key)] = _install(aten_name, key, fn)
-    for where in [where for where in _state.removers if where not in functions]:
-        _state.removers.pop(where)()
-    _state.ops = ops
+        _installed.removers[(aten_name, key)] = _install(aten_name, key, fn)
+    for where in [where for where in _installed.removers if where not in functions]:
+        _installed.removers.pop(where)()
+    _installed.ops = ops
     if not functions:
         track_launches(False)
-    native_routes.reset(routing=bool(functions))
+    native.reset(routing=bool(functions))
 
 
 def _install(aten_name: str, key: str, fn: Callable) -> Callable[[], None]:
-    """Override aten::name at `key`: natively (C++) where `native_routes` has a route, else with `fn` in a
+    """Override aten::name at `key`: natively (C++) where `native` has a route, else with `fn` in a
     Python library of its own. Returns what removes it."""
-    remove = native_routes.install(aten_name, key)
+    remove = native.install(aten_name, key)
     if remove is not None:
         return remove
     library = torch.library.Library("aten", "IMPL")
