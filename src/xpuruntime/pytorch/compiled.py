@@ -162,7 +162,8 @@ class _AfterInductorConfig(importlib.abc.MetaPathFinder):
 
 def watch_inductor() -> None:
     """Install the passes now if inductor is loaded, else as soon as its config is imported."""
+    finders = getattr(sys, "meta_path", None)
     if _CONFIG in sys.modules:
         install_passes()
-    elif not any(isinstance(f, _AfterInductorConfig) for f in sys.meta_path):
-        sys.meta_path.insert(0, _AfterInductorConfig())
+    elif finders is not None and not any(isinstance(f, _AfterInductorConfig) for f in finders):
+        finders.insert(0, _AfterInductorConfig())

@@ -151,13 +151,27 @@ def _install(aten_name: str, key: str, fn: Callable) -> Callable[[], None]:
     """Override aten::name at `key`: natively (C++) where `native` has a route, else with `fn` in a
     Python library of its own. Returns what removes it."""
     remove = native.install(aten_name, key)
-    if remove is not None:
-        return remove
-    library = torch.library.Library("aten", "IMPL")
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="(?s).*Overriding a previously registered kernel")
-        library.impl(aten_name, fn, key)
-    return library._destroy
+    if remove is None:
+        library = torch.library.Library("aten", "IMPL")
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="(?s).*Overriding a previously registered kernel")
+            library.impl(aten_name, fn, key)
+        remove = library._destroy
+    _forget_python_dispatch(aten_name)
+
+    def removed() -> None:
+        remove()
+        _forget_python_dispatch(aten_name)
+
+    return removed
+
+
+def _forget_python_dispatch(aten_name: str) -> None:
+    """PyTorch's Python dispatcher (used while torch.compile traces) caches which key serves each op: after a
+    registration changes, a stale entry would call a kernel that is gone (aten's autograd fallback)."""
+    packet = getattr(torch.ops.aten, aten_name)
+    for overload in packet.overloads():
+        getattr(packet, overload)._dispatch_cache.clear()
 
 
 def _check_no_foreign_kernel(aten_name: str, key: str) -> None:

@@ -71,7 +71,11 @@ def guard_routing() -> None:
     context = TracingContext.try_get()
     if context is None or getattr(context.guards_context, "skip_install", False):
         return
-    source = CallFunctionNoArgsSource(AttrSource(ImportSource(__name__), "routing_token"))
+    package, *path = __name__.split(".")  # __import__('xpuruntime') then attributes: xpuruntime.pytorch.tracing
+    source = ImportSource(package)
+    for name in (*path, "routing_token"):
+        source = AttrSource(source, name)
+    source = CallFunctionNoArgsSource(source)
     install_guard(source.make_guard(GuardBuilder.EQUALS_MATCH))
 
 

@@ -152,7 +152,7 @@ def attention_op(
             out = torch_sdpa(query, key, value, attn_mask, 0.0, is_causal, scale, enable_gqa)
         if lse is None:
             lse = logsumexp(query, key, attn_mask, is_causal, scale, enable_gqa)
-        return out, lse
+        return out.contiguous(), lse.contiguous()  # as the fake says: inductor checks strides
 
 
 @attention_op.register_fake
@@ -173,13 +173,14 @@ def attention_backward_op(
             policy = family_policy(current_policy())
             grads = backward(dout, query, key, value, out, lse, attn_mask, is_causal, scale, enable_gqa, policy, False)
             if grads is not None:  # views of one packed array alias each other, which a custom op may not return
-                return tuple(g.clone() if g._base is not None else g for g in grads)
-        return math_grads(dout, query, key, value, out, attn_mask, is_causal, scale, enable_gqa)
+                return tuple(g.clone() if g._base is not None else g.contiguous() for g in grads)
+        grads = math_grads(dout, query, key, value, out, attn_mask, is_causal, scale, enable_gqa)
+        return tuple(g.contiguous() for g in grads)
 
 
 @attention_backward_op.register_fake
 def _(dout, query, key, value, out, lse, attn_mask, is_causal, scale, enable_gqa):
-    return torch.empty_like(query), torch.empty_like(key), torch.empty_like(value)
+    return query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape)
 
 
 def _setup(ctx, inputs, output) -> None:

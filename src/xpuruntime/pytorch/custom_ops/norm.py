@@ -118,13 +118,27 @@ def torch_grads(
         mean, rstd = saved_stats or native_layer_norm_stats(x, normalized_shape, weight, bias, eps)
         mask = [True, weight is not None, bias is not None]
         return tuple(_LN_BACKWARD(dy, x, list(normalized_shape), mean, rstd, weight, bias, mask))
-    create = torch.is_grad_enabled()
-    with torch.enable_grad():
+    if not torch.is_grad_enabled():  # also inside a custom op's body, below autograd
+        return (*_rms_norm_grads(dy, x, weight, normalized_shape, eps), None)
+    with torch.enable_grad():  # create_graph: gradients differentiable in turn
         leaves = grad_leaves(x, weight)
         out = _RMS_NORM.decompose(leaves[0], list(normalized_shape), leaves[1], eps)
         present = [t for t in leaves if t is not None]
-        grads = iter(torch.autograd.grad(out, present, dy, create_graph=create))
+        grads = iter(torch.autograd.grad(out, present, dy, create_graph=True))
         return next(grads), (next(grads) if weight is not None else None), None
+
+
+def _rms_norm_grads(dy: Tensor, x: Tensor, weight: Any, normalized_shape: tuple, eps: float) -> tuple:
+    """(dx, dweight or None) of rms_norm, computed in fp32 (fp64 for fp64 inputs)."""
+    dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+    axes = tuple(range(x.dim() - len(normalized_shape), x.dim()))
+    xf, dyf = x.to(dtype), dy.to(dtype)
+    rstd = torch.rsqrt(xf.square().mean(axes, keepdim=True) + eps)
+    xhat = xf * rstd
+    g = dyf if weight is None else dyf * weight.to(dtype)
+    dx = rstd * (g - xhat * (g * xhat).mean(axes, keepdim=True))
+    dw = None if weight is None else (dyf * xhat).sum_to_size(weight.shape).to(weight.dtype)
+    return dx.to(x.dtype), dw
 
 
 def default_eps(x: Tensor, eps: float | None) -> float:
@@ -145,7 +159,8 @@ def _forward_op(op: str, x: Tensor, shape: tuple, weight: Any, bias: Any, eps: A
     with graph_origin():
         policy = _policy(op)
         out = None if policy is None else forward(op, x, weight, bias, shape, eps, policy, routed=False)
-        return torch_forward(op, x, weight, bias, shape, eps) if out is None else out
+        out = torch_forward(op, x, weight, bias, shape, eps) if out is None else out
+        return out.contiguous()  # as the fake says: inductor checks strides
 
 
 def _backward_op(op: str, dy: Tensor, x: Tensor, shape: tuple, weight: Any, bias: Any, eps: Any) -> tuple:
@@ -156,7 +171,7 @@ def _backward_op(op: str, dy: Tensor, x: Tensor, shape: tuple, weight: Any, bias
         if grads is None:
             grads = torch_grads(op, dy, x, weight, bias, shape, eps)
         dx, dw, db = grads
-        return unaliased((dx, or_empty(dw, x), or_empty(db, x)))
+        return unaliased((dx.contiguous(), or_empty(dw, x).contiguous(), or_empty(db, x).contiguous()))
 
 
 @torch.library.custom_op("xpuruntime::layer_norm", mutates_args=())
@@ -169,7 +184,7 @@ def layer_norm_op(
 
 @layer_norm_op.register_fake
 def _(input, normalized_shape, weight, bias, eps):
-    return torch.empty_like(input)
+    return input.new_empty(input.shape)
 
 
 @torch.library.custom_op("xpuruntime::layer_norm_backward", mutates_args=())
@@ -183,9 +198,9 @@ def layer_norm_backward_op(
 
 @layer_norm_backward_op.register_fake
 def _(dy, input, normalized_shape, weight, bias, eps):
-    dw = input.new_empty((0,)) if weight is None else torch.empty_like(weight)
-    db = input.new_empty((0,)) if bias is None else torch.empty_like(bias)
-    return torch.empty_like(input), dw, db
+    dw = input.new_empty((0,)) if weight is None else weight.new_empty(weight.shape)
+    db = input.new_empty((0,)) if bias is None else bias.new_empty(bias.shape)
+    return input.new_empty(input.shape), dw, db
 
 
 @torch.library.custom_op("xpuruntime::rms_norm", mutates_args=())
@@ -196,7 +211,7 @@ def rms_norm_op(input: Tensor, normalized_shape: Sequence[int], weight: Tensor |
 
 @rms_norm_op.register_fake
 def _(input, normalized_shape, weight, eps):
-    return torch.empty_like(input)
+    return input.new_empty(input.shape)
 
 
 @torch.library.custom_op("xpuruntime::rms_norm_backward", mutates_args=())
@@ -210,7 +225,7 @@ def rms_norm_backward_op(
 
 @rms_norm_backward_op.register_fake
 def _(dy, input, normalized_shape, weight, eps):
-    return torch.empty_like(input), input.new_empty((0,)) if weight is None else torch.empty_like(weight)
+    return input.new_empty(input.shape), input.new_empty((0,)) if weight is None else weight.new_empty(weight.shape)
 
 
 def _setup(ctx, inputs, output) -> None:
