@@ -76,9 +76,23 @@ def _attention_math(q, k, v, mask, is_causal, scale):
     return scores
 
 
+def _grouped(q, t, args):
+    """k or v with each head repeated for its query group (enable_gqa), else as it is."""
+    if args.attrs.get("enable_gqa") and t.shape[-3] != q.shape[-3]:
+        return t.repeat_interleave(q.shape[-3] // t.shape[-3], dim=-3)
+    return t
+
+
+def _ungrouped(grad, like):
+    if grad.shape[-3] != like.shape[-3]:
+        return grad.unflatten(-3, (like.shape[-3], grad.shape[-3] // like.shape[-3])).sum(-3)
+    return grad
+
+
 def _attention_forward(args):
     CALLS["attention_forward"] += 1
     (q, k, v, mask, lse), out = _tensors(args)
+    k, v = _grouped(q, k, args), _grouped(q, v, args)
     scores = _attention_math(q.double(), k.double(), v.double(), mask, args.attrs["is_causal"], args.attrs["scale"])
     out.copy_(torch.matmul(torch.softmax(scores, -1), v.double()))
     lse.copy_(torch.logsumexp(scores, -1))
@@ -87,7 +101,8 @@ def _attention_forward(args):
 def _attention_backward(args):
     """Closed-form gradients in float64 (no autograd: a custom op's body runs below it)."""
     CALLS["attention_backward"] += 1
-    (dout, q, k, v, _o, lse, mask), out = _tensors(args)
+    (dout, q, k_in, v_in, _o, lse, mask), out = _tensors(args)
+    k, v = _grouped(q, k_in, args), _grouped(q, v_in, args)
     q, k, v, dout = (t.double() for t in (q, k, v, dout))
     scale = args.attrs["scale"]
     scores = _attention_math(q, k, v, mask, args.attrs["is_causal"], scale)
@@ -97,6 +112,7 @@ def _attention_backward(args):
     dv = torch.matmul(p.transpose(-1, -2), dout)
     ds = p * (torch.matmul(dout, v.transpose(-1, -2)) - (dout * o).sum(-1, keepdim=True))
     dq, dk = torch.matmul(ds, k) * scale, torch.matmul(ds.transpose(-1, -2), q) * scale
+    dk, dv = _ungrouped(dk, k_in), _ungrouped(dv, v_in)
     out.copy_(torch.cat([g.reshape(-1) for g in (dq, dk, dv)]))
 
 

@@ -17,7 +17,8 @@ at every policy change (a pass set over ours afterwards is chained again).
 
 Under the `aot_eager` backend no inductor pass runs: the norm and attention routes still emit our ops while
 tracing (and guard the frame); the graph's matrix products run aten's ops eagerly, which the backend-key
-overrides route at run time.
+overrides route at run time. A frame compiled there while no policy steered anything has no guard (nothing
+of ours ran while it was traced): `torch.compiler.reset()` after setting a policy recompiles it.
 """
 
 from __future__ import annotations
@@ -137,6 +138,10 @@ def install_passes() -> None:
             if isinstance(current, chained_pass) or type(current).__name__ == "ChainedPass":
                 continue
             setattr(config, slot, chained_pass(ours, name, current))
+        if getattr(config, "pre_grad_pass_timing", "early") == "default":
+            # pre-grad passes with a uuid would run after inductor's cache lookup ("late"), so a graph served
+            # from the cache would get no routing guard: run them before it, as PyTorch did until 2.12
+            config.pre_grad_pass_timing = "early"
 
 
 class _AfterInductorConfig(importlib.abc.MetaPathFinder):

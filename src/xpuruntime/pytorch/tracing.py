@@ -101,19 +101,17 @@ def in_graph(op: str, head: str, args: tuple, attrs: dict[str, Any], why_not: st
 
 
 def _specs(args: tuple) -> tuple | None:
-    """TensorSpecs of the traced tensors (None stays None), or None when a shape or stride is symbolic."""
+    """TensorSpecs of the traced tensors (None stays None), or None when a shape or stride is symbolic (never
+    made concrete here: that would specialize the graph on it)."""
     specs = []
     for t in args:
         if not isinstance(t, torch.Tensor):
             specs.append(t)
             continue
-        try:
-            shape, strides = tuple(int(n) for n in t.shape), tuple(int(s) for s in t.stride())
-        except (TypeError, ValueError, RuntimeError):  # a SymInt without a fixed value
+        dims = (*t.shape, *t.stride())
+        if any(isinstance(n, torch.SymInt) for n in dims):
             return None
-        if any(isinstance(n, torch.SymInt) for n in (*t.shape, *t.stride())):
-            return None
-        specs.append(TensorSpec(shape, str(t.dtype).removeprefix("torch."), strides, str(t.device)))
+        specs.append(TensorSpec(tuple(t.shape), str(t.dtype).removeprefix("torch."), tuple(t.stride()), str(t.device)))
     return tuple(specs)
 
 

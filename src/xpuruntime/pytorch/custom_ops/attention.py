@@ -21,7 +21,7 @@ from torch import Tensor
 
 from ...policy import KernelPolicy, current_policy
 from ..router import attrs_for, dispatch, family_policy, has_op, memoized
-from .common import accumulation_dtype, graph_origin, lse_buffer
+from .common import accumulation_dtype, graph_origin, lse_buffer, unaliased
 
 TORCH_KERNEL = "torch"  # the policy name that means "PyTorch's own kernel" for these ops
 _SDPA = torch.ops.aten.scaled_dot_product_attention.default
@@ -152,7 +152,7 @@ def attention_op(
             out = torch_sdpa(query, key, value, attn_mask, 0.0, is_causal, scale, enable_gqa)
         if lse is None:
             lse = logsumexp(query, key, attn_mask, is_causal, scale, enable_gqa)
-        return out.contiguous(), lse.contiguous()  # as the fake says: inductor checks strides
+        return unaliased((out, lse))  # contiguous, as the fake says (inductor checks strides)
 
 
 @attention_op.register_fake
@@ -173,9 +173,8 @@ def attention_backward_op(
             policy = family_policy(current_policy())
             grads = backward(dout, query, key, value, out, lse, attn_mask, is_causal, scale, enable_gqa, policy, False)
             if grads is not None:  # views of one packed array alias each other, which a custom op may not return
-                return tuple(g.clone() if g._base is not None else g.contiguous() for g in grads)
-        grads = math_grads(dout, query, key, value, out, attn_mask, is_causal, scale, enable_gqa)
-        return tuple(g.contiguous() for g in grads)
+                return unaliased(grads)
+        return unaliased(math_grads(dout, query, key, value, out, attn_mask, is_causal, scale, enable_gqa))
 
 
 @attention_backward_op.register_fake

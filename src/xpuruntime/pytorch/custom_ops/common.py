@@ -85,15 +85,15 @@ def unpack_norm_grads(result: Any, x: torch.Tensor, normalized_shape: tuple, par
 
 
 def unaliased(tensors: tuple) -> tuple:
-    """Custom-op outputs must not share memory: gradients packed in one buffer are copied apart."""
-    seen: set[int] = set()
-    result = []
-    for t in tensors:
-        ptr = t.untyped_storage().data_ptr() if t.numel() else None
-        result.append(t.clone() if ptr in seen else t)
-        if ptr is not None:
-            seen.add(ptr)
-    return tuple(result)
+    """Custom-op outputs must not share memory: gradients packed in one buffer (views of it, or tensors over
+    parts of one NumPy array) are copied apart; a tensor that owns all of its memory is passed on."""
+    return tuple(t if _owns_its_memory(t) else t.clone(memory_format=torch.contiguous_format) for t in tensors)
+
+
+def _owns_its_memory(t: torch.Tensor) -> bool:
+    if t._base is not None or t.storage_offset() != 0 or not t.is_contiguous():
+        return False
+    return t.untyped_storage().nbytes() == t.numel() * t.element_size()
 
 
 def or_empty(t: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:

@@ -22,7 +22,7 @@ from torch import Tensor
 from ...policy import KernelPolicy, current_policy
 from ..native import Decision
 from ..router import attrs_for, dispatch, family_policy, memoized, nested, routed_ops, runs_pytorch_kernel
-from .common import graph_origin
+from .common import graph_origin, unaliased
 
 # the out= overloads are separate aten operators (never overridden); the torch.* bindings reach them
 # with less Python overhead than torch.ops.aten.*.out
@@ -90,7 +90,7 @@ def routed_addmm(
 def mm_op(a: Tensor, b: Tensor) -> Tensor:
     """torch.mm(a, b) through the selector."""
     with graph_origin():
-        return routed_mm(a, b, routed=False)[0]
+        return unaliased(routed_mm(a, b, routed=False)[:1])[0]
 
 
 @mm_op.register_fake
@@ -102,7 +102,7 @@ def _(a, b):
 def bmm_op(a: Tensor, b: Tensor) -> Tensor:
     """torch.bmm(a, b) through the selector."""
     with graph_origin():
-        return routed_bmm(a, b, routed=False)[0]
+        return unaliased(routed_bmm(a, b, routed=False)[:1])[0]
 
 
 @bmm_op.register_fake
@@ -114,7 +114,7 @@ def _(a, b):
 def addmm_op(bias: Tensor, a: Tensor, b: Tensor, beta: float, alpha: float) -> Tensor:
     """torch.addmm(bias, a, b, beta=beta, alpha=alpha) through the selector."""
     with graph_origin():
-        return routed_addmm(bias, a, b, beta, alpha, routed=False)[0]
+        return unaliased(routed_addmm(bias, a, b, beta, alpha, routed=False)[:1])[0]
 
 
 @addmm_op.register_fake

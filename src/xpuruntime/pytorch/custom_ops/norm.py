@@ -110,15 +110,15 @@ def backward(
 
 def torch_grads(
     op: str, dy: Tensor, x: Tensor, weight: Any, bias: Any, normalized_shape: tuple, eps: float,
-    saved_stats: tuple | None = None,
+    saved_stats: tuple | None = None, differentiable: bool | None = None,
 ) -> tuple:  # fmt: skip
     """PyTorch's backward (it reaches no routed aten op, so no policy scope is needed); differentiable itself
-    under create_graph (grad mode on)."""
+    under create_graph (grad mode on; `differentiable=False` inside a custom op's body, below autograd)."""
     if op == "layer_norm":
         mean, rstd = saved_stats or native_layer_norm_stats(x, normalized_shape, weight, bias, eps)
         mask = [True, weight is not None, bias is not None]
         return tuple(_LN_BACKWARD(dy, x, list(normalized_shape), mean, rstd, weight, bias, mask))
-    if not torch.is_grad_enabled():  # also inside a custom op's body, below autograd
+    if not (torch.is_grad_enabled() if differentiable is None else differentiable):
         return (*_rms_norm_grads(dy, x, weight, normalized_shape, eps), None)
     with torch.enable_grad():  # create_graph: gradients differentiable in turn
         leaves = grad_leaves(x, weight)
@@ -160,7 +160,7 @@ def _forward_op(op: str, x: Tensor, shape: tuple, weight: Any, bias: Any, eps: A
         policy = _policy(op)
         out = None if policy is None else forward(op, x, weight, bias, shape, eps, policy, routed=False)
         out = torch_forward(op, x, weight, bias, shape, eps) if out is None else out
-        return out.contiguous()  # as the fake says: inductor checks strides
+        return unaliased((out,))[0]  # contiguous, as the fake says (inductor checks strides)
 
 
 def _backward_op(op: str, dy: Tensor, x: Tensor, shape: tuple, weight: Any, bias: Any, eps: Any) -> tuple:
@@ -169,9 +169,9 @@ def _backward_op(op: str, dy: Tensor, x: Tensor, shape: tuple, weight: Any, bias
         eps = default_eps(x, eps)
         grads = None if policy is None else backward(op, dy, x, weight, bias, shape, eps, policy, routed=False)
         if grads is None:
-            grads = torch_grads(op, dy, x, weight, bias, shape, eps)
+            grads = torch_grads(op, dy, x, weight, bias, shape, eps, differentiable=False)
         dx, dw, db = grads
-        return unaliased((dx.contiguous(), or_empty(dw, x).contiguous(), or_empty(db, x).contiguous()))
+        return unaliased((dx, or_empty(dw, x), or_empty(db, x)))
 
 
 @torch.library.custom_op("xpuruntime::layer_norm", mutates_args=())
