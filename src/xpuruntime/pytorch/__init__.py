@@ -16,7 +16,7 @@ The modules form layers, each importing only those below it (tests/pytorch/test_
     compiled     inductor's graph passes (matrix products; the routing guard)
     routes       the aten overrides, one file per op family
     tracing      decisions while a graph is traced; the routing guard; calls a policy cannot take
-    custom_ops   the torch.library ops and their bodies, one file per op family
+    custom_ops   the torch.library ops and their bodies, one file per op family (over custom_ops.common)
     router       dispatching a routed call; which ops a policy steers; op families against the registry
     tuner        autotune's verdicts on routed calls and its hand-backs to PyTorch
     native       the C++ routes (native_routes.cpp)
