@@ -54,7 +54,9 @@ def _step(model, fn, ids: torch.Tensor) -> tuple[collections.Counter, torch.Tens
         loss.backward()
     finally:
         xrt.disable_dispatch_logging()
-    calls = collections.Counter((r.op_name, r.selected_kernel) for r in xrt.get_dispatch_logs() if r.origin != "compile")
+    calls = collections.Counter(
+        (r.op_name, r.selected_kernel) for r in xrt.get_dispatch_logs() if r.origin != "compile"
+    )
     return calls, loss.detach(), [p.grad for p in model.parameters()]
 
 

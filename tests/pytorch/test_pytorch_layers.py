@@ -7,7 +7,9 @@ import ast
 import importlib.util
 from pathlib import Path
 
-_spec = importlib.util.spec_from_file_location("import_cycles", Path(__file__).parents[1] / "core" / "test_import_cycles.py")
+_spec = importlib.util.spec_from_file_location(
+    "import_cycles", Path(__file__).parents[1] / "core" / "test_import_cycles.py"
+)
 _cycles = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_cycles)
 PACKAGE_DIR, imported, module_name = _cycles.PACKAGE_DIR, _cycles.imported, _cycles.module_name  # the same AST reading
@@ -75,7 +77,9 @@ def _module_level_stores(path: Path) -> list[str]:
     tree = ast.parse(path.read_text())
     stores = []
     for node in tree.body:
-        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        targets = (
+            node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        )
         value = getattr(node, "value", None)
         mutable = isinstance(value, ast.Dict | ast.List | ast.Set | ast.DictComp | ast.ListComp | ast.SetComp) or (
             isinstance(value, ast.Call) and getattr(value.func, "attr", getattr(value.func, "id", "")) in

@@ -41,6 +41,7 @@ _DEVICE_KEYS = {  # the dispatch key of each override level, per device type
     "cpu": {"backend": "CPU", "autograd": "AutogradCPU", "autocast": "AutocastCPU"},
 }
 _installed = STATE.install
+NATIVE_OPS = frozenset({"matmul", "linear", "autocast_linear"})  # the families the C++ routes serve
 
 
 class OverrideConflictError(XpuRuntimeError):
@@ -63,11 +64,18 @@ def _functions(op: str) -> dict[tuple[str, str], Callable]:
 
 
 def _needed(policy: KernelPolicy) -> frozenset[str]:
-    return frozenset(op for op in routed_ops(policy) if op in ROUTES)
+    """The routed ops of `policy` that have overrides (cached per policy: scope entry is a hot path)."""
+    routed = routed_ops(policy)
+    needed = _installed.needed.get(routed)
+    if needed is None:
+        if len(_installed.needed) > 1024:
+            _installed.needed.clear()
+        needed = _installed.needed[routed] = frozenset(op for op in routed if op in ROUTES)
+    return needed
 
 
 def _wanted_ops() -> frozenset[str]:
-    return frozenset().union(_needed(process_policy()), *(_needed(policy) for policy in _installed.scoped))
+    return frozenset().union(_needed(process_policy()), *(_needed(entry[0]) for entry in _installed.scoped.values()))
 
 
 def refresh_overrides() -> None:
@@ -85,7 +93,11 @@ STATE.refresh = refresh_overrides  # autotune's hand-back calls it (a layer belo
 def scope_entered(policy: KernelPolicy) -> None:
     """A scoped policy's block begins: add the overrides it needs (nothing is rebuilt when they are in place)."""
     with _installed.lock:
-        _installed.scoped[policy] += 1
+        entry = _installed.scoped.get(policy.fingerprint)
+        if entry is None:
+            _installed.scoped[policy.fingerprint] = [policy, 1]
+        else:
+            entry[1] += 1
         needed = _needed(policy)
         if not needed <= _installed.ops:
             try:
@@ -93,7 +105,7 @@ def scope_entered(policy: KernelPolicy) -> None:
             except BaseException:  # the block never runs, so its exit is never heard: forget the scope now
                 _forget_scope(policy)
                 raise
-    native.scope_entered(policy)
+    native.scope_entered(policy, _needed(policy) & NATIVE_OPS or _needed(process_policy()) & NATIVE_OPS)
     threads = STATE.threads
     threads.multithreading.append(torch._C._is_multithreading_enabled())
     if routed_ops(policy):
@@ -108,9 +120,10 @@ def scope_exited(policy: KernelPolicy) -> None:
 
 def _forget_scope(policy: KernelPolicy) -> None:
     with _installed.lock:
-        _installed.scoped[policy] -= 1
-        if _installed.scoped[policy] <= 0:
-            del _installed.scoped[policy]
+        entry = _installed.scoped[policy.fingerprint]
+        entry[1] -= 1
+        if entry[1] <= 0:
+            del _installed.scoped[policy.fingerprint]
 
 
 def route_devices(devices: Iterable[str]) -> None:

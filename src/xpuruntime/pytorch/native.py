@@ -167,10 +167,14 @@ def scope_token(policy: KernelPolicy | None) -> int:
     return 0 if policy is None else policy.fingerprint.serial + 1
 
 
-def scope_entered(policy: KernelPolicy) -> None:
+def scope_entered(policy: KernelPolicy, steers_native: bool = True) -> None:
+    """A scoped policy's block begins on this thread: the C++ routes key their decisions by it. Skipped (no
+    C++ call) where neither it, the process policy nor an open outer scope steers an op they serve: their
+    decisions then all run PyTorch's kernels, right for this scope too."""
     ops = _native.ops
-    STATE.threads.native.append(ops is not None)
-    if ops is not None:
+    told = ops is not None and (steers_native or any(STATE.threads.native))
+    STATE.threads.native.append(told)
+    if told:
         ops.enter_scope(scope_token(policy))
 
 

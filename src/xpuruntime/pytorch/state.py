@@ -9,7 +9,6 @@ built under). A test can reset the whole front end by resetting these groups.
 
 from __future__ import annotations
 
-import collections
 import threading
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
@@ -73,7 +72,8 @@ class InstallState:
     removers: dict[tuple[str, str], Callable[[], None]] = field(default_factory=dict)  # (aten op, key) -> remove
     ops: frozenset[str] = frozenset()
     devices: tuple[str, ...] = ("cuda",)
-    scoped: collections.Counter = field(default_factory=collections.Counter)  # active scoped policies, any thread
+    scoped: dict[Any, list] = field(default_factory=dict)  # fingerprint -> [policy, open scopes], any thread
+    needed: dict[frozenset, frozenset] = field(default_factory=dict)  # routed ops -> those with overrides
     lock: threading.RLock = field(default_factory=threading.RLock)
 
 
