@@ -59,14 +59,6 @@ def test_environment_policy_installs_overrides_at_import():
     assert "mm@CUDA" in result.stdout and "addmm@CUDA" in result.stdout
 
 
-def _attention_inputs(dtype=torch.float32):
-    torch.manual_seed(0)
-    q = torch.randn(2, 3, 5, 8, dtype=dtype, requires_grad=True)
-    k = torch.randn(2, 3, 7, 8, dtype=dtype, requires_grad=True)
-    v = torch.randn(2, 3, 7, 4, dtype=dtype, requires_grad=True)
-    return q, k, v
-
-
 def test_autocast_sets_math_mode_and_restores():
     before = xrt.get_kernel_policy()
     with xtorch.autocast(dtype=torch.bfloat16, device_type="cpu"):
@@ -82,7 +74,7 @@ def test_autocast_sets_math_mode_and_restores():
 
 def test_profile_merges_dispatch_decisions(tmp_path):
     path = tmp_path / "trace.json"
-    q, k, v = _attention_inputs()
+    q, k, v = (torch.randn(2, 3, 5, 8) for _ in range(3))
     with xtorch.profile(export_chrome_trace=str(path)) as prof:
         xtorch.ops.fused_attention(q, k, v)
     assert prof.xpuruntime.ops, "xpuruntime's profiler saw no dispatch"
