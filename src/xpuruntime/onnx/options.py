@@ -69,8 +69,9 @@ class SessionOptions(_Strict):
     profile_file_prefix: str = "xrt_profile"
     enable_mem_reuse: bool = True  # share buffers between values whose lifetimes do not overlap
     enable_cuda_graph: bool = True  # capture and replay a CUDA graph per static input signature (GPU)
-    max_cached_plans: int = 0  # plans kept (one per input signature), least recently used dropped; 0: no bound
-    max_cached_plan_bytes: int = 0  # memory the kept plans may hold; 0: no bound
+    max_tensor_bytes: int = 0  # a node output larger is refused before it is allocated; 0: the device's memory
+    max_cached_plans: int = 64  # plans kept (one per input signature), least recently used dropped; 0: no bound
+    max_cached_plan_bytes: int = 256 << 20  # memory they may hold besides the shared buffer arena; 0: no bound
     intra_op_num_threads: int = 0
     inter_op_num_threads: int = 0
     log_severity_level: int = 2  # 0 verbose, 1 info, 2 warning, 3 error, 4 fatal
@@ -79,7 +80,8 @@ class SessionOptions(_Strict):
     def check(self) -> None:
         """Raise ArgumentError for option values the session cannot use."""
         self.graph_optimization_level = GraphOptimizationLevel.parse(self.graph_optimization_level)
-        for name in ("intra_op_num_threads", "inter_op_num_threads", "max_cached_plans", "max_cached_plan_bytes"):
+        for name in ("intra_op_num_threads", "inter_op_num_threads", "max_cached_plans", "max_cached_plan_bytes",
+                     "max_tensor_bytes"):  # fmt: skip
             _threads("SessionOptions", name, getattr(self, name))
         if not isinstance(self.log_severity_level, int) or not 0 <= self.log_severity_level <= 4:
             raise ArgumentError(f"SessionOptions: 'log_severity_level' expected 0..4, got {self.log_severity_level!r}")

@@ -6,9 +6,44 @@ call `op(...)` with the facts about it; importing the module here registers it. 
 
 from __future__ import annotations
 
-from . import attention, conv, elementwise, indexing, linalg, losses, nn, pad, pool, reduce, resize, shape  # noqa: F401
+from . import (
+    attention,
+    conv,
+    elementwise,
+    grid,
+    indexing,
+    linalg,
+    losses,
+    nn,
+    pad,
+    pool,
+    quantize,
+    reduce,
+    resize,
+    rnn,
+    shape,
+    signal,
+)
 from .record import OPS, LoadContext, OpRecord
 
+FAMILIES = (
+    attention,
+    conv,
+    elementwise,
+    grid,
+    indexing,
+    linalg,
+    losses,
+    nn,
+    pad,
+    pool,
+    quantize,
+    reduce,
+    resize,
+    rnn,
+    shape,
+    signal,
+)  # importing a family's module registers its ops
 SUPPORTED = frozenset(OPS) | {"Constant"}  # Constant nodes become initializers when the model is loaded
 
 __all__ = ["OPS", "SUPPORTED", "LoadContext", "OpRecord"]

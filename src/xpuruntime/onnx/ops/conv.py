@@ -18,7 +18,7 @@ import numpy as np
 
 from ...errors import ShapeError
 from ...graph.ir import Node
-from .record import F, Fn, op, torch
+from .record import F, Fn, itemsize, op, torch
 from .window import Window, check_auto_pad, numpy_windows, torch_pad_widths, window
 
 CPU_TORCH = importlib.util.find_spec("torch") is not None  # the CPU path's fast kernels (tests turn it off)
@@ -211,4 +211,71 @@ def conv_transpose_torch(node: Node, opset: int) -> Fn:
     return run
 
 
-op("ConvTranspose", conv_transpose, conv_transpose_torch, check=check_auto_pad)
+def conv_transpose_size(node: Node, args: list, opset: int) -> tuple[tuple[int, ...], int]:
+    x, w, *_ = args
+    geometry, group = transpose_geometry(node, x, w)
+    full = [
+        s * (i - 1) + e + (k - 1) * d + 1 + lead - b - end
+        for s, i, e, k, d, lead, b, end in zip(
+            geometry["strides"], x.shape[2:], geometry["extra"], w.shape[2:], geometry["dilations"],
+            geometry["lead"], geometry["begin"], geometry["end"],
+        )
+    ]  # fmt: skip
+    return (x.shape[0], w.shape[1] * group, *full), itemsize(x)
+
+
+op("ConvTranspose", conv_transpose, conv_transpose_torch, check=check_auto_pad, size=conv_transpose_size)
+
+
+# -- Col2Im and MaxUnpool (NumPy; the GPU path runs them on the host) -------------------------------------------------
+def col2im(node: Node, opset: int) -> Fn:
+    """Columns (N, C * prod(block), L) summed back into an image (N, C, *image_shape), as ConvTranspose does."""
+
+    def run(x: np.ndarray, image: np.ndarray, block: np.ndarray) -> np.ndarray:
+        image, block = [int(v) for v in image.reshape(-1)], [int(v) for v in block.reshape(-1)]
+        n = len(image)
+        at = node.attrs
+        strides, dilations = list(at.get("strides") or [1] * n), list(at.get("dilations") or [1] * n)
+        pads = list(at.get("pads") or [0] * (2 * n))
+        cols = [(i + pads[d] + pads[n + d] - ((k - 1) * dilations[d] + 1)) // strides[d] + 1
+                for d, (i, k) in enumerate(zip(image, block))]  # fmt: skip
+        if x.shape[1] % math.prod(block) or x.shape[2] != math.prod(cols):
+            raise ShapeError(f"Col2Im: input {x.shape} does not fit blocks {block} over image {image}")
+        channels = x.shape[1] // math.prod(block)
+        data = x.reshape(x.shape[0], channels, *block, *cols)
+        full = [i + pads[d] + pads[n + d] for d, i in enumerate(image)]
+        y = np.zeros((x.shape[0], channels, *full), x.dtype)
+        for tap in itertools.product(*(range(k) for k in block)):
+            index = tuple(slice(t * d, t * d + (c - 1) * s + 1, s) for t, d, c, s in zip(tap, dilations, cols, strides))
+            y[(slice(None), slice(None), *index)] += data[(slice(None), slice(None), *tap)]
+        return y[(slice(None), slice(None), *(slice(pads[d], pads[d] + i) for d, i in enumerate(image)))]
+
+    return run
+
+
+op("Col2Im", col2im, shape_inputs=(1, 2))
+
+
+def max_unpool(node: Node, opset: int) -> Fn:
+    """Values put back where MaxPool's Indices say, in the shape pooling came from; a larger output_shape
+    holds that at its start."""
+
+    def run(x: np.ndarray, indices: np.ndarray, shape: Any = None) -> np.ndarray:
+        n = x.ndim - 2
+        kernel, at = list(node.attrs["kernel_shape"]), node.attrs
+        strides, pads = list(at.get("strides") or [1] * n), list(at.get("pads") or [0] * (2 * n))
+        spatial = [(i - 1) * s + k - pads[d] - pads[n + d]
+                   for d, (i, s, k) in enumerate(zip(x.shape[2:], strides, kernel))]  # fmt: skip
+        inferred = [*x.shape[:2], *spatial]
+        y = np.zeros(math.prod(inferred), x.dtype)
+        y[np.asarray(indices, np.int64).reshape(-1)] = x.reshape(-1)
+        if shape is None:
+            return y.reshape(inferred)
+        out = np.zeros([int(v) for v in np.asarray(shape).reshape(-1)], x.dtype)
+        out[tuple(slice(0, i) for i in inferred)] = y.reshape(inferred)
+        return out
+
+    return run
+
+
+op("MaxUnpool", max_unpool, shape_inputs=(2,))

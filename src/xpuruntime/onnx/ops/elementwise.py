@@ -13,7 +13,7 @@ import numpy as np
 from ...backends.cpu.fused_elementwise import erf
 from ...graph.ir import GraphError, Node
 from ..errors import UnsupportedModelError
-from .record import Builder, F, Fn, LoadContext, op, torch, torch_dtype
+from .record import Builder, F, Fn, LoadContext, broadcast_size, op, torch, torch_dtype
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
@@ -155,7 +155,7 @@ def prelu_torch(node: Node, opset: int) -> Fn:
     return run
 
 
-op("PRelu", prelu, prelu_torch)
+op("PRelu", prelu, prelu_torch, size=broadcast_size)
 
 
 # -- binary ops and their legacy broadcasting ----------------------------------------------------------------
@@ -224,9 +224,9 @@ BINARY: dict[str, tuple[Builder, Builder]] = {
     "Xor": (_plain(np.logical_xor), _lazy("torch.logical_xor")),
 }
 for _name, (_numpy, _torch) in BINARY.items():  # the ops of opsets 1 to 6 with `broadcast` and `axis`
-    op(_name, _numpy, _torch, upgrade=legacy_broadcast)
-op("GreaterOrEqual", _plain(np.greater_equal), _lazy("torch.ge"))
-op("LessOrEqual", _plain(np.less_equal), _lazy("torch.le"))
+    op(_name, _numpy, _torch, upgrade=legacy_broadcast, size=broadcast_size)
+op("GreaterOrEqual", _plain(np.greater_equal), _lazy("torch.ge"), size=broadcast_size)
+op("LessOrEqual", _plain(np.less_equal), _lazy("torch.le"), size=broadcast_size)
 
 
 def mod(node: Node, opset: int) -> Fn:
@@ -238,7 +238,7 @@ def mod_torch(node: Node, opset: int) -> Fn:
     return lambda a, b: torch.fmod(a, b) if node.attrs.get("fmod", 0) else torch.remainder(a, b)
 
 
-op("Mod", mod, mod_torch)
+op("Mod", mod, mod_torch, size=broadcast_size)
 
 
 # -- variadic ops ----------------------------------------------------------------------------------------------
@@ -247,12 +247,13 @@ def _total(xs: tuple) -> Any:
 
 
 op("Max", _keep_dtype(lambda *xs: functools.reduce(np.maximum, xs)),
-   _plain(lambda *xs: functools.reduce(torch.maximum, xs)))  # fmt: skip
+   _plain(lambda *xs: functools.reduce(torch.maximum, xs)), size=broadcast_size)  # fmt: skip
 op("Min", _keep_dtype(lambda *xs: functools.reduce(np.minimum, xs)),
-   _plain(lambda *xs: functools.reduce(torch.minimum, xs)))  # fmt: skip
-op("Sum", _keep_dtype(lambda *xs: _total(xs)), _plain(lambda *xs: _total(xs)))
-op("Mean", _keep_dtype(lambda *xs: _total(xs) / len(xs)), _plain(lambda *xs: (_total(xs) / len(xs)).to(xs[0].dtype)))
-op("Where", _plain(np.where), _lazy("torch.where"))
+   _plain(lambda *xs: functools.reduce(torch.minimum, xs)), size=broadcast_size)  # fmt: skip
+op("Sum", _keep_dtype(lambda *xs: _total(xs)), _plain(lambda *xs: _total(xs)), size=broadcast_size)
+op("Mean", _keep_dtype(lambda *xs: _total(xs) / len(xs)), _plain(lambda *xs: (_total(xs) / len(xs)).to(xs[0].dtype)),
+   size=broadcast_size)  # fmt: skip
+op("Where", _plain(np.where), _lazy("torch.where"), size=broadcast_size)
 
 
 # -- Clip and casts --------------------------------------------------------------------------------------------
@@ -307,3 +308,76 @@ def cast_torch(node: Node, opset: int) -> Fn:
 
 op("Cast", cast, cast_torch)
 op("CastLike", _plain(lambda x, like: x.astype(like.dtype)), _plain(lambda x, like: x.to(like.dtype)))
+
+
+# -- more math: trigonometry, IsInf, Swish, Mish, Shrink -----------------------------------------------------------
+for _name, _numpy, _torch in (
+    ("Tan", np.tan, "torch.tan"), ("Asin", np.arcsin, "torch.asin"), ("Acos", np.arccos, "torch.acos"),
+    ("Atan", np.arctan, "torch.atan"), ("Sinh", np.sinh, "torch.sinh"), ("Cosh", np.cosh, "torch.cosh"),
+    ("Asinh", np.arcsinh, "torch.asinh"), ("Acosh", np.arccosh, "torch.acosh"), ("Atanh", np.arctanh, "torch.atanh"),
+):  # fmt: skip
+    op(_name, _keep_dtype(_numpy), _lazy(_torch))
+
+
+def is_inf(node: Node, opset: int) -> Fn:
+    negative, positive = bool(node.attrs.get("detect_negative", 1)), bool(node.attrs.get("detect_positive", 1))
+
+    def run(x: Any) -> Any:
+        module = np if isinstance(x, np.ndarray) else torch
+        found = module.isinf(x)
+        if not negative:
+            found = found & (x > 0)
+        if not positive:
+            found = found & (x < 0)
+        return found
+
+    return run
+
+
+op("IsInf", is_inf, is_inf)
+op("Swish", lambda node, opset: lambda x: (x * _sigmoid(x * node.attrs.get("alpha", 1.0))).astype(x.dtype),
+   lambda node, opset: lambda x: x * torch.sigmoid(x * node.attrs.get("alpha", 1.0)))  # fmt: skip
+op("Mish", _keep_dtype(lambda x: x * np.tanh(np.logaddexp(0, x))), lambda node, opset: F.mish)
+
+
+def shrink(node: Node, opset: int) -> Fn:
+    bias, lambd = float(node.attrs.get("bias", 0.0)), float(node.attrs.get("lambd", 0.5))
+
+    def run(x: Any) -> Any:
+        if isinstance(x, np.ndarray):
+            return np.where(x < -lambd, x + bias, np.where(x > lambd, x - bias, 0)).astype(x.dtype)
+        return torch.where(x < -lambd, x + bias, torch.where(x > lambd, x - bias, torch.zeros_like(x)))
+
+    return run
+
+
+op("Shrink", shrink, shrink)
+
+
+# -- bitwise ops -----------------------------------------------------------------------------------------------------
+op("BitwiseAnd", _plain(np.bitwise_and), _lazy("torch.bitwise_and"), size=broadcast_size)
+op("BitwiseOr", _plain(np.bitwise_or), _lazy("torch.bitwise_or"), size=broadcast_size)
+op("BitwiseXor", _plain(np.bitwise_xor), _lazy("torch.bitwise_xor"), size=broadcast_size)
+op("BitwiseNot", _plain(np.bitwise_not), _lazy("torch.bitwise_not"))
+
+
+def bit_shift(node: Node, opset: int) -> Fn:
+    left = node.attrs.get("direction") == "LEFT"
+
+    def run(x: Any, n: Any) -> Any:
+        if isinstance(x, np.ndarray):
+            return (np.left_shift(x, n) if left else np.right_shift(x, n)).astype(x.dtype, copy=False)
+        return torch.bitwise_left_shift(x, n) if left else torch.bitwise_right_shift(x, n)
+
+    return run
+
+
+def check_direction(node: Node, ctx: LoadContext) -> None:
+    if node.attrs.get("direction") not in ("LEFT", "RIGHT"):
+        raise UnsupportedModelError(
+            f"{node.describe()}: attribute direction={node.attrs.get('direction')!r} is not supported; "
+            "supported: LEFT, RIGHT"
+        )
+
+
+op("BitShift", bit_shift, bit_shift, check=check_direction, size=broadcast_size)

@@ -11,7 +11,7 @@ import numpy as np
 from ...errors import ArgumentError, ShapeError
 from ...graph.ir import Node
 from ..errors import UnsupportedModelError
-from .record import Fn, LoadContext, axis_index, check_indices, op, to_host, torch
+from .record import Fn, LoadContext, axis_index, check_indices, itemsize, op, to_host, torch
 
 
 def gather(node: Node, opset: int) -> Fn:
@@ -38,7 +38,13 @@ def gather_torch(node: Node, opset: int) -> Fn:
     return run
 
 
-op("Gather", gather, gather_torch)
+def gather_size(node: Node, args: list, opset: int) -> tuple[tuple[int, ...], int]:
+    x, indices = args
+    ax = node.attrs.get("axis", 0) % max(len(x.shape), 1)
+    return (*x.shape[:ax], *indices.shape, *x.shape[ax + 1 :]), itemsize(x)
+
+
+op("Gather", gather, gather_torch, size=gather_size)
 
 
 def gather_elements(node: Node, opset: int) -> Fn:
@@ -104,7 +110,13 @@ def gather_nd_torch(node: Node, opset: int) -> Fn:
     return run
 
 
-op("GatherND", gather_nd, gather_nd_torch)
+def gather_nd_size(node: Node, args: list, opset: int) -> tuple[tuple[int, ...], int]:
+    data, indices = args
+    rest = tuple(data.shape[int(node.attrs.get("batch_dims", 0)) + indices.shape[-1] :]) if indices.shape else ()
+    return (*indices.shape[:-1], *rest), itemsize(data)
+
+
+op("GatherND", gather_nd, gather_nd_torch, size=gather_nd_size)
 
 
 # -- ScatterND and ScatterElements -------------------------------------------------------------------------------------
@@ -239,4 +251,36 @@ def one_hot_torch(node: Node, opset: int) -> Fn:
     return run
 
 
-op("OneHot", one_hot, one_hot_torch, shape_inputs=(1,), host_inputs=(0,))
+def one_hot_size(node: Node, args: list, opset: int) -> tuple[tuple[int, ...], int]:
+    indices, depth, values = args
+    shape = list(indices.shape)
+    shape.insert(node.attrs.get("axis", -1) % (len(shape) + 1), int(np.asarray(to_host(depth)).reshape(-1)[0]))
+    return tuple(shape), itemsize(values)
+
+
+op("OneHot", one_hot, one_hot_torch, shape_inputs=(1,), host_inputs=(0,), size=one_hot_size)
+
+
+def tensor_scatter(node: Node, opset: int) -> Fn:
+    """A key/value cache update: `update` written into `past` along `axis` from each batch's write index
+    (wrapping around with mode 'circular')."""
+    circular, axis = node.attrs.get("mode", "linear") == "circular", int(node.attrs.get("axis", -2))
+
+    def run(past: np.ndarray, update: np.ndarray, write: Any = None) -> np.ndarray:
+        ax = axis_index("TensorScatter", axis, past.ndim)
+        if ax == 0 or update.shape[:ax] != past.shape[:ax] or update.shape[ax] > past.shape[ax]:
+            raise ShapeError(f"TensorScatter: update {update.shape} does not fit cache {past.shape} on axis {axis}")
+        starts = np.zeros(past.shape[0], np.int64) if write is None else np.asarray(write, np.int64).reshape(-1)
+        out = past.copy()
+        for b, start in enumerate(starts):
+            rows = start + np.arange(update.shape[ax])
+            rows = rows % past.shape[ax] if circular else rows
+            index = [slice(None)] * (past.ndim - 1)
+            index[ax - 1] = rows  # one array index: its dim stays in place
+            out[b][tuple(index)] = update[b]
+        return out
+
+    return run
+
+
+op("TensorScatter", tensor_scatter, host_inputs=(2,))

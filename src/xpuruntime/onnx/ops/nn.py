@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import ArgumentError
+from ...errors import ArgumentError, ShapeError
 from ...graph.ir import Node
 from ..errors import UnsupportedModelError
 from .record import Fn, LoadContext, Lowered, axis_index, is_float, op, to_host, torch
@@ -266,3 +266,84 @@ def lower_rms_norm(node: Node, args: list, opset: int) -> Lowered | None:
 
 
 op("RMSNormalization", rms_norm, rms_norm_torch, lower=lower_rms_norm)
+
+
+# -- more normalizations (NumPy; the GPU path runs them on the host) ---------------------------------------------------
+def _f32(x: np.ndarray) -> np.ndarray:
+    return x.astype(np.float32) if x.dtype == np.float16 else x
+
+
+def lp_normalization(node: Node, opset: int) -> Fn:
+    axis, p = node.attrs.get("axis", -1), int(node.attrs.get("p", 2))
+
+    def run(x: np.ndarray) -> np.ndarray:
+        ax = axis_index("LpNormalization", axis, x.ndim)
+        norm = np.sum(np.abs(_f32(x)) ** p, axis=ax, keepdims=True) ** (1.0 / p)
+        return np.where(norm == 0, 0, x / np.where(norm == 0, 1, norm)).astype(x.dtype)
+
+    return run
+
+
+def mean_variance_normalization(node: Node, opset: int) -> Fn:
+    axes = tuple(node.attrs.get("axes", (0, 2, 3)))
+
+    def run(x: np.ndarray) -> np.ndarray:
+        xf = _f32(x)
+        mean = xf.mean(axis=axes, keepdims=True)
+        std = np.sqrt(((xf - mean) ** 2).mean(axis=axes, keepdims=True))
+        return ((xf - mean) / (std + 1e-9)).astype(x.dtype)
+
+    return run
+
+
+def instance_normalization(node: Node, opset: int) -> Fn:
+    eps = float(node.attrs.get("epsilon", 1e-5))
+
+    def run(x: np.ndarray, scale: np.ndarray, bias: np.ndarray) -> np.ndarray:
+        axes = tuple(range(2, x.ndim))
+        xf = _f32(x)
+        mean, var = xf.mean(axis=axes, keepdims=True), xf.var(axis=axes, keepdims=True)
+        y = (xf - mean) / np.sqrt(var + eps) * _channel(scale, x.ndim) + _channel(bias, x.ndim)
+        return y.astype(x.dtype)
+
+    return run
+
+
+def group_normalization(node: Node, opset: int) -> Fn:
+    """Scale and bias per channel (opset 21), or per group (opset 18)."""
+    eps, groups = float(node.attrs.get("epsilon", 1e-5)), int(node.attrs["num_groups"])
+
+    def run(x: np.ndarray, scale: np.ndarray, bias: np.ndarray) -> np.ndarray:
+        n, c = x.shape[:2]
+        if groups < 1 or c % groups:
+            raise ShapeError(f"GroupNormalization: {c} channels do not split into num_groups={groups}")
+        grouped = _f32(x).reshape(n, groups, -1)
+        mean, var = grouped.mean(axis=2, keepdims=True), grouped.var(axis=2, keepdims=True)
+        y = ((grouped - mean) / np.sqrt(var + eps)).reshape(x.shape)
+        if scale.shape[0] == groups and groups != c:
+            scale, bias = np.repeat(scale, c // groups), np.repeat(bias, c // groups)
+        return (y * _channel(scale, x.ndim) + _channel(bias, x.ndim)).astype(x.dtype)
+
+    return run
+
+
+def lrn(node: Node, opset: int) -> Fn:
+    alpha, beta = float(node.attrs.get("alpha", 1e-4)), float(node.attrs.get("beta", 0.75))
+    bias, size = float(node.attrs.get("bias", 1.0)), int(node.attrs["size"])
+
+    def run(x: np.ndarray) -> np.ndarray:
+        """Each channel divided by the sum of squares over `size` channels around it."""
+        square = np.square(_f32(x))
+        low, high = (size - 1) // 2, -(-(size - 1) // 2)
+        padded = np.pad(square, [(0, 0), (low, high)] + [(0, 0)] * (x.ndim - 2))
+        total = sum(padded[:, i : i + x.shape[1]] for i in range(size))
+        return (x / (bias + alpha / size * total) ** beta).astype(x.dtype)
+
+    return run
+
+
+op("LpNormalization", lp_normalization)
+op("MeanVarianceNormalization", mean_variance_normalization)
+op("InstanceNormalization", instance_normalization)
+op("GroupNormalization", group_normalization)
+op("LRN", lrn)

@@ -57,6 +57,7 @@ class LoadContext:
 
 Upgrade = Callable[[Node, LoadContext], None]
 Check = Callable[[Node, LoadContext], None]
+Size = Callable[[Node, list, int], tuple[tuple[int, ...], int]]  # (largest output's shape, its itemsize)
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,7 @@ class OpRecord:
     upgrade: Upgrade | None = None  # rewrites old-opset forms of a node, at load time
     check: Check | None = None  # raises UnsupportedModelError for attribute values the session declines
     lower: Lowering | None = None  # the xrt op that runs the node through the selector, if any
+    size: Size | None = None  # its largest output, from the inputs, for ops whose outputs can outgrow them
 
 
 OPS: dict[str, OpRecord] = {}
@@ -160,6 +162,24 @@ def dtype_name(x: Any) -> str | None:
     if dtype is None:
         return None
     return dtype.name if isinstance(dtype, np.dtype) else str(dtype).removeprefix("torch.")
+
+
+def itemsize(x: Any) -> int:
+    """Bytes per element of an array or tensor (8 for anything else)."""
+    dtype = getattr(x, "dtype", None)
+    if isinstance(dtype, np.dtype):
+        return dtype.itemsize
+    return int(getattr(dtype, "itemsize", 8))
+
+
+def broadcast_size(node: Node, args: list, opset: int) -> tuple[tuple[int, ...], int]:
+    """The output of a broadcasting elementwise op: the inputs' shapes broadcast together."""
+    arrays = [a for a in args if a is not None]
+    try:
+        shape = tuple(np.broadcast_shapes(*(tuple(a.shape) for a in arrays)))
+    except ValueError:
+        shape = ()  # not broadcastable: the op's own error says so
+    return shape, max((itemsize(a) for a in arrays), default=8)
 
 
 def is_float(x: Any) -> bool:

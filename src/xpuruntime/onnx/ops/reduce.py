@@ -3,6 +3,7 @@ TopK. Reduce axes are an attribute before opset 18 (13 for ReduceSum), an input 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -252,3 +253,45 @@ def topk_torch(node: Node, opset: int) -> Fn:
 
 
 op("TopK", topk, topk_torch, shape_inputs=(1,), tuple_output=True, upgrade=topk_1)
+
+
+def cumprod(node: Node, opset: int) -> Fn:
+    exclusive, reverse = bool(node.attrs.get("exclusive", 0)), bool(node.attrs.get("reverse", 0))
+
+    def run(x: np.ndarray, axis: np.ndarray) -> np.ndarray:
+        ax = axis_index("CumProd", ints(axis)[0], x.ndim)
+        y = np.flip(x, ax) if reverse else x
+        if exclusive:
+            ones = np.ones_like(np.take(y, [0], axis=ax))
+            y = np.concatenate([ones, np.take(y, range(y.shape[ax] - 1), axis=ax)], axis=ax) if y.shape[ax] else y
+        out = np.cumprod(y, axis=ax, dtype=x.dtype)
+        return np.flip(out, ax) if reverse else out
+
+    return run
+
+
+op("CumProd", cumprod, host_inputs=(1,))
+
+
+def hardmax(node: Node, opset: int) -> Fn:
+    """1 at the first maximum along the axis (opset 13 on; before, of the input coerced to 2-D at the axis)."""
+    axis = node.attrs.get("axis", -1 if opset >= 13 else 1)
+
+    def run(x: np.ndarray) -> np.ndarray:
+        if x.size == 0:
+            return x.copy()
+        shape = x.shape
+        if opset < 13:
+            ax = axis % x.ndim
+            x = x.reshape(math.prod(shape[:ax]), -1)
+            ax = 1
+        else:
+            ax = axis_index("Hardmax", axis, x.ndim)
+        y = np.zeros_like(x)
+        np.put_along_axis(y, np.expand_dims(np.argmax(x, axis=ax), ax), 1, axis=ax)
+        return y.reshape(shape)
+
+    return run
+
+
+op("Hardmax", hardmax)

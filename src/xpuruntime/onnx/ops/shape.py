@@ -11,7 +11,7 @@ import numpy as np
 
 from ...errors import ArgumentError, ShapeError
 from ...graph.ir import GraphError, Node
-from .record import Fn, LoadContext, axis_index, ints, op, scalar, to_host, torch, torch_dtype
+from .record import Fn, LoadContext, axis_index, ints, itemsize, op, scalar, to_host, torch, torch_dtype
 
 
 def shape(node: Node, opset: int) -> Fn:
@@ -165,8 +165,18 @@ def concat_3(node: Node, ctx: LoadContext) -> None:
         node.attrs.setdefault("axis", 1)
 
 
+def concat_size(node: Node, args: list, opset: int) -> tuple[tuple[int, ...], int]:
+    arrays = [a for a in args if a is not None]
+    shape = list(arrays[0].shape)
+    if shape:
+        ax = node.attrs.get("axis", 0) % len(shape)
+        shape[ax] = sum(a.shape[ax] if len(a.shape) == len(shape) else 0 for a in arrays)
+    return tuple(shape), itemsize(arrays[0])
+
+
 op("Concat", lambda node, opset: lambda *xs: np.concatenate(xs, axis=node.attrs["axis"]),
-   lambda node, opset: lambda *xs: torch.cat(xs, dim=node.attrs["axis"]), upgrade=concat_3)  # fmt: skip
+   lambda node, opset: lambda *xs: torch.cat(xs, dim=node.attrs["axis"]), upgrade=concat_3,
+   size=concat_size)  # fmt: skip
 
 
 def split_sizes(node: Node, x_shape: tuple[int, ...], split: Any) -> tuple[int, list[int]]:
@@ -268,9 +278,19 @@ def expanded_shape(x_shape: tuple[int, ...], target: Any) -> tuple[int, ...]:
         raise ShapeError(f"Expand: shape {tuple(x_shape)} cannot be broadcast to {tuple(ints(target))}") from None
 
 
+def expand_size(node: Node, args: list, opset: int) -> tuple[tuple[int, ...], int]:
+    return expanded_shape(tuple(args[0].shape), args[1]), itemsize(args[0])
+
+
 op("Expand", lambda node, opset: lambda x, target: np.broadcast_to(x, expanded_shape(x.shape, target)),
    lambda node, opset: lambda x, target: x.expand(expanded_shape(tuple(x.shape), target)),
-   shape_inputs=(1,))  # fmt: skip
+   shape_inputs=(1,), size=expand_size)  # fmt: skip
+
+
+def tile_size(node: Node, args: list, opset: int) -> tuple[tuple[int, ...], int]:
+    x = args[0]
+    repeats = tile_repeats(opset, len(x.shape), *args[1:])
+    return tuple(n * r for n, r in zip(x.shape, repeats)), itemsize(x)
 
 
 def tile_repeats(opset: int, ndim: int, repeats: Any, axis: Any = None) -> list[int]:
@@ -284,7 +304,7 @@ def tile_repeats(opset: int, ndim: int, repeats: Any, axis: Any = None) -> list[
 
 op("Tile", lambda node, opset: lambda x, *rest: np.tile(x, tile_repeats(opset, x.ndim, *rest)),
    lambda node, opset: lambda x, *rest: x.repeat(*tile_repeats(opset, x.dim(), *rest)),
-   shape_inputs=(1, 2))  # fmt: skip
+   shape_inputs=(1, 2), size=tile_size)  # fmt: skip
 
 
 # -- Range and ConstantOfShape ----------------------------------------------------------------------------------
@@ -312,7 +332,12 @@ def range_torch(node: Node, opset: int) -> Fn:
     return run
 
 
-op("Range", range_, range_torch, shape_inputs=(0, 1, 2))
+def range_size(node: Node, args: list, opset: int) -> tuple[tuple[int, ...], int]:
+    start, limit, delta = (float(scalar(v)) for v in args)
+    return (range_length(start, limit, delta),), itemsize(args[0])
+
+
+op("Range", range_, range_torch, shape_inputs=(0, 1, 2), size=range_size)
 
 
 def constant_fill(node: Node) -> np.ndarray:
@@ -338,4 +363,133 @@ def constant_of_shape_torch(node: Node, opset: int) -> Fn:
     return lambda target: torch.full(constant_dims(target), fill[0].item(), dtype=torch_dtype(fill.dtype.name))
 
 
-op("ConstantOfShape", constant_of_shape, constant_of_shape_torch, shape_inputs=(0,))
+op("ConstantOfShape", constant_of_shape, constant_of_shape_torch, shape_inputs=(0,),
+   size=lambda node, args, opset: (tuple(constant_dims(args[0])), constant_fill(node).dtype.itemsize))  # fmt: skip
+
+
+# -- rearrangements (NumPy; the GPU path runs them on the host) --------------------------------------------------------
+def _blocks(node: Node, x: np.ndarray) -> int:
+    size = int(node.attrs["blocksize"])
+    if x.ndim != 4 or size < 1:
+        raise ShapeError(f"{node.op}: expects an N x C x H x W input and a positive blocksize, got {x.shape}, {size}")
+    return size
+
+
+def space_to_depth(node: Node, opset: int) -> Fn:
+    order = (0, 1, 3, 5, 2, 4) if node.attrs.get("mode", "DCR") == "CRD" else (0, 3, 5, 1, 2, 4)
+
+    def run(x: np.ndarray) -> np.ndarray:
+        b = _blocks(node, x)
+        n, c, h, w = x.shape
+        if h % b or w % b:
+            raise ShapeError(f"SpaceToDepth: H and W of {x.shape} are not multiples of blocksize {b}")
+        y = x.reshape(n, c, h // b, b, w // b, b).transpose(order)
+        return y.reshape(n, c * b * b, h // b, w // b)
+
+    return run
+
+
+def depth_to_space(node: Node, opset: int) -> Fn:
+    crd = node.attrs.get("mode", "DCR") == "CRD"
+
+    def run(x: np.ndarray) -> np.ndarray:
+        b = _blocks(node, x)
+        n, c, h, w = x.shape
+        if c % (b * b):
+            raise ShapeError(f"DepthToSpace: channels of {x.shape} are not a multiple of blocksize^2 = {b * b}")
+        if crd:
+            y = x.reshape(n, c // (b * b), b, b, h, w).transpose(0, 1, 4, 2, 5, 3)
+        else:
+            y = x.reshape(n, b, b, c // (b * b), h, w).transpose(0, 3, 4, 1, 5, 2)
+        return y.reshape(n, c // (b * b), h * b, w * b)
+
+    return run
+
+
+op("SpaceToDepth", space_to_depth)
+op("DepthToSpace", depth_to_space)
+
+
+def eye_like(node: Node, opset: int) -> Fn:
+    k, dtype = int(node.attrs.get("k", 0)), node.attrs.get("dtype")
+
+    def run(x: np.ndarray) -> np.ndarray:
+        if x.ndim != 2:
+            raise ShapeError(f"EyeLike: expects a 2-D input, got shape {x.shape}")
+        target = x.dtype if dtype is None else np.dtype(helper_dtype(dtype))
+        return np.eye(x.shape[0], x.shape[1], k, dtype=target)
+
+    return run
+
+
+def helper_dtype(elem_type: int) -> str:
+    from ..importer import dtype_name
+
+    return dtype_name(int(elem_type))
+
+
+op("EyeLike", eye_like)
+
+
+def compress(node: Node, opset: int) -> Fn:
+    axis = node.attrs.get("axis")
+
+    def run(x: np.ndarray, condition: np.ndarray) -> np.ndarray:
+        keep = np.asarray(condition, bool).reshape(-1)
+        if axis is None:
+            return np.compress(keep, x.reshape(-1))
+        ax = axis_index("Compress", axis, x.ndim)
+        return np.compress(keep, x, axis=ax)
+
+    return run
+
+
+op("Compress", compress, host_inputs=(1,), shape_inputs=(1,))
+
+
+def reverse_sequence(node: Node, opset: int) -> Fn:
+    batch_axis, time_axis = int(node.attrs.get("batch_axis", 1)), int(node.attrs.get("time_axis", 0))
+
+    def run(x: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+        y = x.copy()
+        for b, n in enumerate(np.asarray(lengths).reshape(-1)):
+            index = [slice(None)] * x.ndim
+            index[batch_axis], index[time_axis] = b, slice(0, int(n))
+            y[tuple(index)] = np.flip(x[tuple(index)], axis=time_axis - (time_axis > batch_axis))
+        return y
+
+    return run
+
+
+op("ReverseSequence", reverse_sequence)
+op("NonZero", lambda node, opset: lambda x: np.array(np.nonzero(x), np.int64).reshape(np.ndim(x), -1),
+   shape_inputs=(0,))  # fmt: skip
+
+
+def center_crop_pad(node: Node, opset: int) -> Fn:
+    attr_axes = node.attrs.get("axes")
+
+    def run(x: np.ndarray, target: np.ndarray) -> np.ndarray:
+        axes = [axis_index("CenterCropPad", a, x.ndim) for a in attr_axes] if attr_axes else list(range(x.ndim))
+        sizes = ints(target)
+        if len(sizes) != len(axes):
+            raise ShapeError(f"CenterCropPad: {len(sizes)} sizes for axes {axes}")
+        source = [slice(None)] * x.ndim
+        place = [slice(None)] * x.ndim
+        shape = list(x.shape)
+        for a, n in zip(axes, sizes):
+            dim = x.shape[a]
+            shape[a] = n
+            start = abs(dim - n) // 2
+            if n < dim:
+                source[a] = slice(start, start + n)
+            else:
+                place[a] = slice(start, start + dim)
+        out = np.zeros(shape, x.dtype)
+        out[tuple(place)] = x[tuple(source)]
+        return out
+
+    return run
+
+
+op("CenterCropPad", center_crop_pad, shape_inputs=(1,))
