@@ -51,7 +51,16 @@ def _model(name: str, device: str, dtype: str) -> tuple[Any, bytes]:
     model, example = spec.build("real")
     model = model.to(device, getattr(torch, dtype))
     example = tuple(t.to(device).to(getattr(torch, dtype)) if t.is_floating_point() else t.to(device) for t in example)
-    return model, export(model, example, spec, "dynamo", OPSET)
+    return model, export(model, example, spec, exporter(), OPSET)
+
+
+def exporter() -> str:
+    """PyTorch's default exporter (dynamo), or the TorchScript one where onnxscript, which it needs, is missing."""
+    try:
+        import onnxscript  # noqa: F401
+    except ImportError:
+        return "torchscript"
+    return "dynamo"
 
 
 def _feed(name: str, batch: int, seq: int | None) -> dict[str, np.ndarray]:
@@ -77,7 +86,7 @@ def _cpu(name: str, batch: int) -> Setup:
 
     fused = {r.name: r.changes for r in session.pass_summary if r.changes and r.name.endswith(("fusion", "folding"))}
     return Setup(ours=lambda: session.run(None, feed), anchor=lambda: reference.run(None, feed), check=check,
-                 note=f"fusions {fused}")  # fmt: skip
+                 note=f"{exporter()} export; fusions {fused}")  # fmt: skip
 
 
 # -- GPU: beside torch.compile with CUDA graphs and eager ------------------------------------------------------
@@ -108,7 +117,7 @@ def _gpu(name: str, dtype: str, batch: int, seq: int | None) -> Setup:
 
     tolerance = 1e-3 if dtype == "float32" else 2e-2
     fused = {r.name: r.changes for r in session.pass_summary if r.changes and r.name.endswith(("fusion", "folding"))}
-    note = f"{session.runner.status()} fusions {fused}"
+    note = f"{exporter()} export; {session.runner.status()}; fusions {fused}"
     return Setup(ours=ours, anchor=anchor, alternatives={"eager": eager},
                  check=lambda: close(ours(), eager(), tolerance), note=note)  # fmt: skip
 
