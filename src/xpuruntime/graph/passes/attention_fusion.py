@@ -24,7 +24,7 @@ import math
 from typing import TYPE_CHECKING
 
 from ..ir import Graph, Node, Value
-from .util import only_consumer, other_input, remove, scalar
+from .util import matches, only_consumer, other_input, remove, scalar
 
 if TYPE_CHECKING:
     from . import PassContext
@@ -200,12 +200,8 @@ def run(graph: Graph, ctx: PassContext) -> int:
     if not ctx.has_op("attention"):
         return 0
     changes = 0
-    for softmax in [n for n in graph.nodes if n.op == "Softmax" and not n.domain]:
-        producers, consumers = graph.producers(), graph.consumers()
-        found = _match(graph, softmax, producers, consumers)
-        if found is None:
-            continue
-        key = _key(graph, found[1], producers)
+    for _, found in matches(graph, ("Softmax",), _match):
+        key = _key(graph, found[1], graph.producers())
         if key is None:
             continue
         _fuse(graph, found, key)

@@ -14,7 +14,7 @@ import math
 from typing import TYPE_CHECKING
 
 from ..ir import Graph, Node
-from .util import is_close, only_consumer, other_input, remove, scalar
+from .util import is_close, matches, only_consumer, other_input, remove, scalar
 
 if TYPE_CHECKING:
     from . import PassContext
@@ -109,14 +109,7 @@ def _match(graph: Graph, node: Node, producers: dict, consumers: dict) -> tuple[
 
 def run(graph: Graph, ctx: PassContext) -> int:
     changes = 0
-    for node in [n for n in graph.nodes if n.op in ("Erf", "Tanh") and not n.domain]:
-        if node not in graph.nodes:
-            continue
-        producers, consumers = graph.producers(), graph.consumers()
-        found = _match(graph, node, producers, consumers)
-        if found is None:
-            continue
-        x, last, matched = found
+    for node, (x, last, matched) in matches(graph, ("Erf", "Tanh"), _match):
         attrs = {"approximate": "tanh"} if node.op == "Tanh" else {}
         gelu = Node("Gelu", [x], [last.outputs[0]], attrs, graph.fresh_name("Gelu"))
         remove(graph, matched)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..ir import Graph, Node, Value
-from .util import int_list, only_consumer, other_input, remove, scalar
+from .util import int_list, matches, only_consumer, other_input, remove, scalar
 
 if TYPE_CHECKING:
     from . import PassContext
@@ -95,14 +95,8 @@ def run(graph: Graph, ctx: PassContext) -> int:
     if not ctx.has_op("rms_norm"):
         return 0
     changes = 0
-    for mean in [n for n in graph.nodes if n.op == "ReduceMean" and not n.domain]:
-        if mean not in graph.nodes:
-            continue
-        producers, consumers = graph.producers(), graph.consumers()
-        found = _match(graph, mean, producers, consumers)
-        if found is None:
-            continue
-        x, eps, last, matched = found
+    for _, (x, eps, last, matched) in matches(graph, ("ReduceMean",), _match):
+        consumers = graph.consumers()
         shape, dtype = graph.value(x).shape, graph.value(x).dtype
         if shape is None or not shape or not isinstance(shape[-1], int) or dtype not in ("float32", "float64", *HALF):
             continue
