@@ -10,6 +10,7 @@ import numpy as np
 
 from ...errors import ShapeError
 from ...graph.ir import Node
+from ..dtypes import dtype_name
 from .conv import conv_im2col, conv_window
 from .record import Fn, op
 
@@ -33,8 +34,6 @@ def _target(node: Node, zero_point: Any, default: str = "uint8") -> np.dtype:
         return np.asarray(zero_point).dtype
     chosen = node.attrs.get("output_dtype")
     if chosen:
-        from ..importer import dtype_name
-
         return np.dtype(dtype_name(int(chosen)))
     return np.dtype(default)
 

@@ -11,6 +11,7 @@ import numpy as np
 
 from ...errors import ArgumentError, ShapeError
 from ...graph.ir import GraphError, Node
+from ..dtypes import dtype_name
 from .record import Fn, LoadContext, axis_index, ints, itemsize, op, scalar, to_host, torch, torch_dtype
 
 
@@ -416,16 +417,10 @@ def eye_like(node: Node, opset: int) -> Fn:
     def run(x: np.ndarray) -> np.ndarray:
         if x.ndim != 2:
             raise ShapeError(f"EyeLike: expects a 2-D input, got shape {x.shape}")
-        target = x.dtype if dtype is None else np.dtype(helper_dtype(dtype))
+        target = x.dtype if dtype is None else np.dtype(dtype_name(int(dtype)))
         return np.eye(x.shape[0], x.shape[1], k, dtype=target)
 
     return run
-
-
-def helper_dtype(elem_type: int) -> str:
-    from ..importer import dtype_name
-
-    return dtype_name(int(elem_type))
 
 
 op("EyeLike", eye_like)

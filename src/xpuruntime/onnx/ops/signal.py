@@ -10,6 +10,7 @@ import numpy as np
 
 from ...errors import ShapeError
 from ...graph.ir import Node
+from ..dtypes import dtype_name
 from .record import Fn, op, scalar, torch
 
 
@@ -17,8 +18,6 @@ def _window(coefficients: tuple[float, ...]) -> Any:
     """A cosine-sum window: w[n] = sum_k (-1)^k a_k cos(2 pi k n / N), N the size (periodic) or size - 1."""
 
     def build(node: Node, opset: int) -> Fn:
-        from ..importer import dtype_name
-
         dtype = dtype_name(int(node.attrs.get("output_datatype", 1)))
         periodic = bool(node.attrs.get("periodic", 1))
 
