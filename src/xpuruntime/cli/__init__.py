@@ -1,10 +1,11 @@
-"""The `xpuruntime` command: info, kernels, explain, demo and bench.
+"""The `xpuruntime` command: info, kernels, explain, demo, run, bench and cache.
 
     xpuruntime info
     xpuruntime kernels matmul
     xpuruntime explain matmul --shape 256x512 --shape 512x128 --dtype float16 --policy matmul=blocked
     xpuruntime demo --trace trace.json
     xpuruntime bench --only norm --out bench-results
+    xpuruntime cache list
 
 Errors the runtime reports (unknown names, bad shapes, bad policies) become a one-line message on stderr
 and exit code 2, as argparse does for usage errors.
@@ -257,9 +258,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench_arguments(bench)
     bench.set_defaults(handler=cmd_bench)
 
+    from .cache import add_parser as add_cache_parser
     from .run import add_parser as add_run_parser  # the InferenceSession command lives in its own module
 
     add_run_parser(commands)
+    add_cache_parser(commands)
     return parser
 
 

@@ -1,5 +1,6 @@
-"""What autotune keys a winner by: a winner timed under one math mode, or with one optional argument given, is
-never reused for a call that differs there (timing is faked; nothing here needs a GPU)."""
+"""Autotune and the tuning cache: a winner timed under one math mode, or with one optional argument given, is
+never reused for a call that differs there, and XPURUNTIME_PRINT_AUTOTUNING reports each result and where it
+came from (timing is faked; nothing here needs a GPU)."""
 
 from __future__ import annotations
 
@@ -88,3 +89,38 @@ def test_autotune_keys_which_optional_argument_was_given(tuning_dir, monkeypatch
             y = Dispatcher(registry).run("pair", inputs)
             assert round(float((y - x).mean())) == int(fast[given][1]), f"{given}: another call's winner"
     assert len(calls) == 2
+
+
+def test_print_autotuning_reports_each_result_and_where_it_came_from(tuning_dir, monkeypatch, capsys):
+    """XPURUNTIME_PRINT_AUTOTUNING=1 prints, like TRITON_PRINT_AUTOTUNING, one line per tuned signature: timed
+    now, or from the tuning cache in a later process (here: the in-memory layers dropped)."""
+    registry = make_toy_registry({"name": "k0"}, {"name": "k1"})
+    fake_timing(monkeypatch, lambda ctx: {"k0": 9.0, "k1": 1.5})
+    x = np.random.default_rng().standard_normal((3, 7)).astype(np.float32)
+    policy = xrt.KernelPolicy(toy="autotune", validate=registry)
+    with xrt.kernel_policy(policy):
+        Dispatcher(registry).run("toy", (x,))
+        assert capsys.readouterr().err == ""  # off by default
+        monkeypatch.setenv(autotune.ENV_PRINT, "1")
+        Dispatcher(registry).run("toy", (x,))
+        err = capsys.readouterr().err
+        assert (
+            err == "xpuruntime autotune: toy float32[3x7] on cpu -> k1 (from the tuning cache): k1 1.5 µs, k0 9.0 µs\n"
+        )
+        autotune.STORE.memory.clear()
+        monkeypatch.setattr(tuning_cache, "_default", None)
+        tuning_cache.entries()[0].path.unlink()  # the next process finds nothing: it times again
+        Dispatcher(registry).run("toy", (x,))
+        assert capsys.readouterr().err.endswith("-> k1 (timed): k1 1.5 µs, k0 9.0 µs\n")
+
+
+def test_print_autotuning_says_when_the_front_end_chose_another_kernel(tuning_dir, monkeypatch, capsys):
+    registry = make_toy_registry({"name": "k0"}, {"name": "k1"})
+    fake_timing(monkeypatch, lambda ctx: {"k0": 9.0, "k1": 1.5})
+    monkeypatch.setattr(autotune, "ARBITERS", [lambda op, key, times, backends, policy: "k0"])
+    monkeypatch.setenv(autotune.ENV_PRINT, "1")
+    x = np.random.default_rng().standard_normal(5).astype(np.float32)
+    with xrt.kernel_policy(xrt.KernelPolicy(toy="autotune", validate=registry)):
+        y = Dispatcher(registry).run("toy", (x,))
+    np.testing.assert_array_equal(y, x)  # k0 wrote x + 0
+    assert "-> k0 (timed; k1 was fastest, the front end's routing cost chose k0)" in capsys.readouterr().err
