@@ -204,6 +204,13 @@ def _label(op: Any, name: Any) -> str:
     return "/".join(cut(x, 60) if isinstance(x, str) else clip(x, 60) for x in (op, name))
 
 
+def first_paragraph(doc: Any) -> str:
+    """A docstring's first paragraph on one line: what `xpuruntime kernels` shows for a kernel (whole
+    sentences, never a first line cut mid-sentence)."""
+    text = doc.strip() if isinstance(doc, str) else ""
+    return " ".join(text.split("\n\n")[0].split())
+
+
 def kernel(op: str, name: str, *, backend: str, **hints: Any) -> Callable[[LaunchFn], KernelSpec]:
     """Decorator declaring a launch function as a kernel; register the result with a Registry."""
 
@@ -225,8 +232,7 @@ def kernel(op: str, name: str, *, backend: str, **hints: Any) -> Callable[[Launc
         hints["conditions"] = tuple(hints["conditions"])
 
     def declare(launch: LaunchFn) -> KernelSpec:
-        doc = getattr(launch, "__doc__", None)
-        spec_hints = {"doc": (doc if isinstance(doc, str) else "").strip().split("\n")[0], **hints}
+        spec_hints = {"doc": first_paragraph(getattr(launch, "__doc__", None)), **hints}
         return KernelSpec(op=op, name=name, backend=backend, launch=launch, **spec_hints)
 
     return declare

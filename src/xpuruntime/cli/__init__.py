@@ -202,11 +202,8 @@ def cmd_demo(args: argparse.Namespace, console: Console) -> int:
     from ..profiling import check_trace_path
     from .demo import run_demo
 
-    if args.trace is not None:  # before any work, and `--trace ""` too
-        try:
-            check_trace_path(args.trace)
-        except XpuRuntimeError as exc:
-            raise ArgumentError(f"--trace: {str(exc).removeprefix('export_chrome_trace: ')}") from None
+    if args.trace is not None:  # before any work, and `--trace ""` too: the message names the option
+        check_trace_path(args.trace, "--trace")
     return run_demo(console, iterations=args.iterations, size=args.size, trace=args.trace)
 
 
