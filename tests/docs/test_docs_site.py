@@ -4,6 +4,7 @@ shows every public name, and its table of environment variables names every vari
 from __future__ import annotations
 
 import importlib
+import os
 import re
 import subprocess
 import sys
@@ -21,8 +22,7 @@ def site(tmp_path_factory) -> Path:
     pytest.importorskip("mkdocstrings")
     out = tmp_path_factory.mktemp("site")
     result = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)], cwd=ROOT,
-                            capture_output=True, text=True, timeout=600, env={"NO_MKDOCS_2_WARNING": "1",
-                            **__import__("os").environ})  # fmt: skip
+                            capture_output=True, text=True, timeout=600, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "WARNING" not in result.stderr, result.stderr[-3000:]
     return out
