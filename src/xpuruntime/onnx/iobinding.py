@@ -52,6 +52,7 @@ class IOBinding:
         self._results: list[Any] = []
 
     def bind_cpu_input(self, name: str, array: np.ndarray) -> None:
+        """Bind an input to a host array."""
         self._inputs[self._check(name, "input")] = np.asarray(array)
 
     def bind_input(self, name: str, device_type: Any, device_id: int = 0, element_type: Any = None,
@@ -84,9 +85,11 @@ class IOBinding:
             raise ArgumentError(f"IOBinding.bind_output('{name}'): device_type expected 'cpu' or 'cuda'")
 
     def clear_binding_inputs(self) -> None:
+        """Forget every bound input."""
         self._inputs.clear()
 
     def clear_binding_outputs(self) -> None:
+        """Forget every bound output."""
         self._outputs.clear()
 
     def synchronize_inputs(self) -> None:
@@ -125,6 +128,7 @@ class IOBinding:
         return list(self._results)
 
     def copy_outputs_to_cpu(self) -> list[np.ndarray]:
+        """The last run's outputs as host arrays."""
         return [r if isinstance(r, np.ndarray) else r.detach().cpu().numpy() for r in self._results]
 
     def _check(self, name: str, kind: str) -> str:

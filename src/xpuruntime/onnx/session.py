@@ -124,9 +124,11 @@ class InferenceSession:
 
     # -- onnxruntime API ---------------------------------------------------------------------
     def get_inputs(self) -> list[NodeArg]:
+        """The model's inputs (initializers excluded): name, shape (ints, symbols or None), type."""
         return [_node_arg(v) for v in self._inputs]
 
     def get_outputs(self) -> list[NodeArg]:
+        """The model's outputs: name, shape, type."""
         return [_node_arg(v) for v in self._outputs]
 
     def get_overridable_initializers(self) -> list[NodeArg]:
@@ -144,9 +146,11 @@ class InferenceSession:
         return {name: dict(options.get(name, {})) for name in self.get_providers()}
 
     def get_session_options(self) -> SessionOptions:
+        """The options the session was made with (checked, the optimization level as the enum)."""
         return self.options
 
     def get_modelmeta(self) -> ModelMetadata:
+        """What the model says about itself: producer, graph name, domain, description, version, metadata."""
         return self._meta
 
     def run(
@@ -280,6 +284,7 @@ class InferenceSession:
 
     @property
     def pass_records(self) -> list[PassRecord]:
+        """What each graph pass did: nodes before and after, and its number of changes."""
         return list(self.pass_summary)
 
 
