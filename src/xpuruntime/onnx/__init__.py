@@ -25,11 +25,18 @@ How a model goes through it, and where each part lives:
 
 from __future__ import annotations
 
-from .errors import GraphError, InputFeedError, ModelLoadError, NodeExecutionError, UnsupportedModelError
+from .errors import (
+    GraphError,
+    InputFeedError,
+    ModelLoadError,
+    NodeExecutionError,
+    OutputTooLargeError,
+    UnsupportedModelError,
+)
 from .options import GraphOptimizationLevel, SessionOptions
 from .session import InferenceSession, NodeArg
 
 __all__ = [
     "GraphError", "GraphOptimizationLevel", "InferenceSession", "InputFeedError", "ModelLoadError", "NodeArg",
-    "NodeExecutionError", "SessionOptions", "UnsupportedModelError",
+    "NodeExecutionError", "OutputTooLargeError", "SessionOptions", "UnsupportedModelError",
 ]  # fmt: skip

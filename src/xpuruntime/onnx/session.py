@@ -98,9 +98,11 @@ class InferenceSession:
 
     # -- onnxruntime API ---------------------------------------------------------------------
     def get_inputs(self) -> list[NodeArg]:
+        """The model's inputs (initializers a feed may replace are listed apart, see below)."""
         return [_node_arg(v) for v in self._inputs]
 
     def get_outputs(self) -> list[NodeArg]:
+        """The model's outputs, in the order `run` returns them."""
         return [_node_arg(v) for v in self._outputs]
 
     def get_overridable_initializers(self) -> list[NodeArg]:
@@ -108,6 +110,7 @@ class InferenceSession:
         return [_node_arg(v) for v in self._overridable]
 
     def get_providers(self) -> list[str]:
+        """The execution provider (runner) the session runs on, by onnxruntime's name."""
         return [self.runner.provider]
 
     def run(self, output_names: Sequence[str] | None, input_feed: Mapping[str, Any], run_options: Any = None) -> list:
@@ -221,6 +224,7 @@ class InferenceSession:
 
     @property
     def pass_records(self) -> list[PassRecord]:
+        """What each graph pass did to the session's graph: nodes before and after, changes."""
         return list(self.pass_summary)
 
 
