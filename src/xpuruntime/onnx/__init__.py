@@ -33,6 +33,7 @@ from .errors import (
     InputFeedError,
     ModelLoadError,
     NodeExecutionError,
+    OutputTooLargeError,
     RunTerminatedError,
     UnsupportedModelError,
 )  # fmt: skip
@@ -43,6 +44,6 @@ from .session import InferenceSession, ModelMetadata, NodeArg
 
 __all__ = [
     "GraphError", "GraphOptimizationLevel", "IOBinding", "InferenceSession", "InputFeedError", "ModelLoadError",
-    "ModelMetadata", "NodeArg", "NodeExecutionError", "RunOptions", "RunTerminatedError", "SessionOptions",
-    "UnsupportedModelError", "get_available_providers",
+    "ModelMetadata", "NodeArg", "NodeExecutionError", "OutputTooLargeError", "RunOptions", "RunTerminatedError",
+    "SessionOptions", "UnsupportedModelError", "get_available_providers",
 ]  # fmt: skip

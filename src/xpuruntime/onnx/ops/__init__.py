@@ -6,44 +6,17 @@ call `op(...)` with the facts about it; importing the module here registers it. 
 
 from __future__ import annotations
 
-from . import (
-    attention,
-    conv,
-    elementwise,
-    grid,
-    indexing,
-    linalg,
-    losses,
-    nn,
-    pad,
-    pool,
-    quantize,
-    reduce,
-    resize,
-    rnn,
-    shape,
-    signal,
-)
+import importlib
+
 from .record import OPS, LoadContext, OpRecord
 
 FAMILIES = (
-    attention,
-    conv,
-    elementwise,
-    grid,
-    indexing,
-    linalg,
-    losses,
-    nn,
-    pad,
-    pool,
-    quantize,
-    reduce,
-    resize,
-    rnn,
-    shape,
-    signal,
-)  # importing a family's module registers its ops
+    "attention", "conv", "elementwise", "grid", "indexing", "linalg", "losses", "nn", "pad", "pool", "quantize",
+    "reduce", "resize", "rnn", "shape", "signal",
+)  # fmt: skip
+for _family in FAMILIES:  # importing a family's module registers its ops
+    importlib.import_module(f".{_family}", __name__)
+
 SUPPORTED = frozenset(OPS) | {"Constant"}  # Constant nodes become initializers when the model is loaded
 
 __all__ = ["OPS", "SUPPORTED", "LoadContext", "OpRecord"]
