@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from ...backends.cpu.fused_elementwise import erf
+from ...errors import ShapeError
 from ...graph.ir import GraphError, Node
 from ..errors import UnsupportedModelError
 from .record import Builder, F, Fn, LoadContext, op, torch, torch_dtype
@@ -43,6 +44,9 @@ for _name, _numpy, _torch in (
     ("Neg", np.negative, "torch.neg"), ("Abs", np.abs, "torch.abs"), ("Sigmoid", _sigmoid, "torch.sigmoid"),
     ("Floor", np.floor, "torch.floor"), ("Ceil", np.ceil, "torch.ceil"), ("Sin", np.sin, "torch.sin"),
     ("Cos", np.cos, "torch.cos"), ("Sign", np.sign, "torch.sign"), ("Erf", erf, "torch.erf"),
+    ("Tan", np.tan, "torch.tan"), ("Asin", np.arcsin, "torch.asin"), ("Acos", np.arccos, "torch.acos"),
+    ("Atan", np.arctan, "torch.atan"), ("Sinh", np.sinh, "torch.sinh"), ("Cosh", np.cosh, "torch.cosh"),
+    ("Asinh", np.arcsinh, "torch.asinh"), ("Acosh", np.arccosh, "torch.acosh"), ("Atanh", np.arctanh, "torch.atanh"),
 ):  # fmt: skip
     op(_name, _keep_dtype(_numpy), _lazy(_torch))
 
@@ -50,6 +54,27 @@ op("Relu", lambda node, opset: lambda x: np.maximum(x, x.dtype.type(0)), _lazy("
 op("Identity", _plain(lambda x: x), _plain(lambda x: x))
 op("Not", _plain(np.logical_not), _lazy("torch.logical_not"))
 op("IsNaN", _plain(np.isnan), _lazy("torch.isnan"))
+
+
+def is_inf(node: Node, opset: int) -> Fn:
+    negative, positive = node.attrs.get("detect_negative", 1), node.attrs.get("detect_positive", 1)
+    if negative and positive:
+        return lambda x: np.isinf(x)
+    if positive or negative:
+        return np.isposinf if positive else np.isneginf
+    return lambda x: np.zeros(x.shape, bool)
+
+
+def is_inf_torch(node: Node, opset: int) -> Fn:
+    negative, positive = node.attrs.get("detect_negative", 1), node.attrs.get("detect_positive", 1)
+    if negative and positive:
+        return torch.isinf
+    if positive or negative:
+        return torch.isposinf if positive else torch.isneginf
+    return lambda x: torch.zeros(x.shape, dtype=torch.bool, device=x.device)
+
+
+op("IsInf", is_inf, is_inf_torch)
 
 
 def gelu(node: Node, opset: int) -> Fn:
@@ -84,6 +109,16 @@ def _selu(where: Callable, expm1: Callable) -> Callable[[Any, dict], Any]:
     )
 
 
+def _shrink(where: Callable) -> Callable[[Any, dict], Any]:
+    """x - bias above lambd, x + bias below -lambd, 0 between."""
+
+    def shrink(x: Any, a: dict) -> Any:
+        lambd, bias = a.get("lambd", 0.5), a.get("bias", 0.0)
+        return where(x < -lambd, x + bias, where(x > lambd, x - bias, x * 0))
+
+    return shrink
+
+
 def _celu(x: np.ndarray, a: dict) -> np.ndarray:
     alpha = a.get("alpha", 1.0)
     return np.maximum(x, 0) + np.minimum(0, alpha * np.expm1(x / alpha))
@@ -115,6 +150,12 @@ ACTIVATIONS: dict[str, tuple[Callable, Callable]] = {
         lambda x, a: torch.where(x > a.get("alpha", 1.0), x, torch.zeros_like(x)),
     ),
     "Round": (lambda x, a: np.round(x), lambda x, a: torch.round(x)),
+    "Mish": (lambda x, a: x * np.tanh(np.logaddexp(0, x)), lambda x, a: F.mish(x)),
+    "Swish": (
+        lambda x, a: x * _sigmoid(x * x.dtype.type(a.get("alpha", 1.0))),
+        lambda x, a: x * torch.sigmoid(x * a.get("alpha", 1.0)),
+    ),
+    "Shrink": (_shrink(np.where), lambda x, a: _shrink(torch.where)(x, a).to(x.dtype)),
 }
 
 
@@ -156,6 +197,36 @@ def prelu_torch(node: Node, opset: int) -> Fn:
 
 
 op("PRelu", prelu, prelu_torch)
+
+
+def swiglu(node: Node, opset: int) -> Fn:
+    """Swish(A) * B, A and B of one shape (no broadcasting)."""
+    alpha = node.attrs.get("alpha", 1.0)
+
+    def run(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        _same_shape("SwiGLU", a, b)
+        return (a * _sigmoid(a * a.dtype.type(alpha)) * b).astype(a.dtype, copy=False)
+
+    return run
+
+
+def swiglu_torch(node: Node, opset: int) -> Fn:
+    alpha = node.attrs.get("alpha", 1.0)
+
+    def run(a: Any, b: Any) -> Any:
+        _same_shape("SwiGLU", a, b)
+        return F.silu(a) * b if alpha == 1.0 else a * torch.sigmoid(a * alpha) * b
+
+    return run
+
+
+def _same_shape(op_name: str, a: Any, b: Any) -> None:
+    if tuple(a.shape) != tuple(b.shape):
+        raise ShapeError(f"{op_name}: A and B must have one shape (no broadcasting), got {tuple(a.shape)} "
+                         f"and {tuple(b.shape)}")  # fmt: skip
+
+
+op("SwiGLU", swiglu, swiglu_torch)
 
 
 # -- binary ops and their legacy broadcasting ----------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Neural-network ONNX ops: Softmax and LogSoftmax, LayerNormalization (both through the selector's
+"""Neural-network ONNX ops: Softmax and LogSoftmax (and Hardmax), LayerNormalization (both through the selector's
 kernels where they fit), Dropout (inference only)."""
 
 from __future__ import annotations
@@ -59,6 +59,43 @@ def lower_softmax(node: Node, args: list, opset: int) -> Lowered | None:
 
 op("Softmax", softmax, softmax_torch, lower=lower_softmax)
 op("LogSoftmax", softmax, softmax_torch)
+
+
+def hardmax(node: Node, opset: int) -> Fn:
+    """1 at the first largest value along the axis, 0 elsewhere (before opset 13: of the input coerced to
+    2-D at the axis)."""
+    axis = node.attrs.get("axis", -1 if opset >= 13 else 1)
+
+    def run(x: np.ndarray) -> np.ndarray:
+        shape = x.shape
+        if opset < 13:
+            x = x.reshape(math.prod(shape[: axis % max(x.ndim, 1)]), -1)
+        ax = axis_index("Hardmax", axis if opset >= 13 else 1, x.ndim)
+        out = np.zeros(x.shape, x.dtype)
+        if x.size:
+            np.put_along_axis(out, np.argmax(x, axis=ax, keepdims=True), 1, axis=ax)
+        return out.reshape(shape)
+
+    return run
+
+
+def hardmax_torch(node: Node, opset: int) -> Fn:
+    axis = node.attrs.get("axis", -1 if opset >= 13 else 1)
+
+    def run(x: Any) -> Any:
+        shape = x.shape
+        if opset < 13:
+            x = x.reshape(math.prod(shape[: axis % max(x.dim(), 1)]), -1)
+        ax = axis_index("Hardmax", axis if opset >= 13 else 1, x.dim())
+        out = torch.zeros_like(x)
+        if x.numel():
+            out.scatter_(ax, torch.argmax(x, dim=ax, keepdim=True), 1)
+        return out.reshape(shape)
+
+    return run
+
+
+op("Hardmax", hardmax, hardmax_torch)
 
 
 # -- LayerNormalization ------------------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
-"""Reductions and scans: Reduce* (ReduceSum through the selector's sum kernels), ArgMax / ArgMin, CumSum,
-TopK. Reduce axes are an attribute before opset 18 (13 for ReduceSum), an input from then on."""
+"""Reductions and scans: Reduce* (ReduceSum through the selector's sum kernels), ArgMax / ArgMin, CumSum /
+CumProd, TopK. Reduce axes are an attribute before opset 18 (13 for ReduceSum), an input from then on."""
 
 from __future__ import annotations
 
@@ -169,37 +169,42 @@ op("ArgMax", arg_reduce, arg_reduce_torch)
 op("ArgMin", arg_reduce, arg_reduce_torch)
 
 
-def cumsum(node: Node, opset: int) -> Fn:
+def cumulative(node: Node, opset: int) -> Fn:
+    """CumSum and CumProd along the axis input; `exclusive` starts from the identity (0 or 1), `reverse`
+    runs from the end."""
     exclusive, reverse = bool(node.attrs.get("exclusive", 0)), bool(node.attrs.get("reverse", 0))
+    scan, identity = (np.cumsum, 0) if node.op == "CumSum" else (np.cumprod, 1)
 
     def run(x: np.ndarray, axis: np.ndarray) -> np.ndarray:
-        ax = axis_index("CumSum", ints(axis)[0], x.ndim)
+        ax = axis_index(node.op, ints(axis)[0], x.ndim)
         y = np.flip(x, ax) if reverse else x
-        out = np.cumsum(y, axis=ax, dtype=x.dtype)
-        if exclusive and out.shape[ax]:
-            out = np.concatenate(
-                [np.zeros_like(np.take(out, [0], axis=ax)), np.take(out, range(out.shape[ax] - 1), axis=ax)], axis=ax
-            )
+        if exclusive and y.shape[ax]:
+            first = np.full_like(np.take(y, [0], axis=ax), identity)
+            y = np.concatenate([first, np.take(y, range(y.shape[ax] - 1), axis=ax)], axis=ax)
+        out = scan(y, axis=ax, dtype=x.dtype)
         return np.flip(out, ax) if reverse else out
 
     return run
 
 
-def cumsum_torch(node: Node, opset: int) -> Fn:
+def cumulative_torch(node: Node, opset: int) -> Fn:
     exclusive, reverse = bool(node.attrs.get("exclusive", 0)), bool(node.attrs.get("reverse", 0))
+    identity = 0 if node.op == "CumSum" else 1
 
     def run(x: Any, axis: Any) -> Any:
-        ax = axis_index("CumSum", ints(axis)[0], x.dim())
+        scan = torch.cumsum if node.op == "CumSum" else torch.cumprod
+        ax = axis_index(node.op, ints(axis)[0], x.dim())
         y = torch.flip(x, (ax,)) if reverse else x
-        out = torch.cumsum(y, dim=ax).to(x.dtype)
-        if exclusive and out.shape[ax]:
-            out = torch.cat([torch.zeros_like(out.narrow(ax, 0, 1)), out.narrow(ax, 0, out.shape[ax] - 1)], dim=ax)
+        if exclusive and y.shape[ax]:
+            y = torch.cat([torch.full_like(y.narrow(ax, 0, 1), identity), y.narrow(ax, 0, y.shape[ax] - 1)], dim=ax)
+        out = scan(y, dim=ax).to(x.dtype)
         return torch.flip(out, (ax,)) if reverse else out
 
     return run
 
 
-op("CumSum", cumsum, cumsum_torch, host_inputs=(1,))
+op("CumSum", cumulative, cumulative_torch, host_inputs=(1,))
+op("CumProd", cumulative, cumulative_torch, host_inputs=(1,))
 
 
 # -- TopK ------------------------------------------------------------------------------------------------------

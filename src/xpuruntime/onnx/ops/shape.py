@@ -1,6 +1,7 @@
 """Shape and layout ONNX ops: Shape, Size, Reshape, Flatten, Transpose, Squeeze, Unsqueeze, Concat, Split,
-Slice, Expand, Tile, Range, ConstantOfShape. Their shape operands (targets, axes, bounds) are read on the
-host; on the GPU path these are host arrays, so reading them costs no sync."""
+Slice, Expand, Tile, Range, ConstantOfShape, SpaceToDepth / DepthToSpace, CenterCropPad, EyeLike. Their shape
+operands (targets, axes, bounds) are read on the host; on the GPU path these are host arrays, so reading them
+costs no sync."""
 
 from __future__ import annotations
 
@@ -11,7 +12,21 @@ import numpy as np
 
 from ...errors import ArgumentError, ShapeError
 from ...graph.ir import GraphError, Node
-from .record import Fn, LoadContext, axis_index, ints, op, scalar, to_host, torch, torch_dtype
+from ..errors import UnsupportedModelError
+from .record import (
+    Fn,
+    LoadContext,
+    axis_index,
+    check_elem_dtype,
+    dtype_name,
+    elem_dtype,
+    ints,
+    op,
+    scalar,
+    to_host,
+    torch,
+    torch_dtype,
+)
 
 
 def shape(node: Node, opset: int) -> Fn:
@@ -332,3 +347,123 @@ def constant_of_shape_torch(node: Node, opset: int) -> Fn:
 
 
 op("ConstantOfShape", constant_of_shape, constant_of_shape_torch, shape_inputs=(0,))
+
+
+# -- SpaceToDepth and DepthToSpace ------------------------------------------------------------------------------
+def _block_layout(node: Node, shape: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    """SpaceToDepth and DepthToSpace as reshape -> transpose -> reshape of an N x C x H x W input: the first
+    shape, the permutation and the final shape. `mode` DCR (the default) orders the moved values depth,
+    column, row; CRD column, row, depth."""
+    b, mode = int(node.attrs["blocksize"]), node.attrs.get("mode", "DCR")
+    if len(shape) != 4 or b <= 0:
+        raise ShapeError(f"{node.op}: expected a 4-d N x C x H x W input and blocksize > 0, got {shape}, {b}")
+    n, c, h, w = shape
+    if node.op == "SpaceToDepth":
+        if h % b or w % b:
+            raise ShapeError(f"SpaceToDepth: H and W of {shape} must be multiples of blocksize {b}")
+        perm = (0, 3, 5, 1, 2, 4) if mode == "DCR" else (0, 1, 3, 5, 2, 4)
+        return (n, c, h // b, b, w // b, b), perm, (n, c * b * b, h // b, w // b)
+    if c % (b * b):
+        raise ShapeError(f"DepthToSpace: C of {shape} must be a multiple of blocksize^2 = {b * b}")
+    if mode == "DCR":
+        return (n, b, b, c // (b * b), h, w), (0, 3, 4, 1, 5, 2), (n, c // (b * b), h * b, w * b)
+    return (n, c // (b * b), b, b, h, w), (0, 1, 4, 2, 5, 3), (n, c // (b * b), h * b, w * b)
+
+
+def check_block_mode(node: Node, ctx: LoadContext) -> None:
+    if node.attrs.get("mode", "DCR") not in ("DCR", "CRD"):
+        raise UnsupportedModelError(f"{node.describe()}: mode must be 'DCR' or 'CRD', got {node.attrs['mode']!r}")
+
+
+def space_depth(node: Node, opset: int) -> Fn:
+    def run(x: np.ndarray) -> np.ndarray:
+        first, perm, final = _block_layout(node, x.shape)
+        return x.reshape(first).transpose(perm).reshape(final)
+
+    return run
+
+
+def space_depth_torch(node: Node, opset: int) -> Fn:
+    def run(x: Any) -> Any:
+        first, perm, final = _block_layout(node, tuple(x.shape))
+        return x.reshape(first).permute(perm).reshape(final)
+
+    return run
+
+
+op("SpaceToDepth", space_depth, space_depth_torch, check=check_block_mode)
+op("DepthToSpace", space_depth, space_depth_torch, check=check_block_mode)
+
+
+# -- CenterCropPad ----------------------------------------------------------------------------------------------
+def center_windows(node: Node, shape: tuple[int, ...], target: Any) -> tuple[list[slice], list[slice], list[int]]:
+    """Where the input's centered window lands in the output: the input's and the output's slice per dim,
+    and the output shape. A crop starts half the difference in (rounded down), a pad puts the odd pixel on
+    the right."""
+    dims = ints(target)
+    axes = [axis_index("CenterCropPad", a, len(shape)) for a in node.attrs.get("axes", range(len(shape)))]
+    if len(dims) != len(axes) or any(d < 0 for d in dims):
+        raise ShapeError(f"CenterCropPad: shape {dims} must give one size >= 0 per axis of {axes}")
+    source, dest, out = [slice(None)] * len(shape), [slice(None)] * len(shape), list(shape)
+    for axis, size in zip(axes, dims):
+        have = shape[axis]
+        out[axis] = size
+        if have >= size:
+            start = (have - size) // 2
+            source[axis] = slice(start, start + size)
+        else:
+            start = (size - have) // 2
+            dest[axis] = slice(start, start + have)
+    return source, dest, out
+
+
+def center_crop_pad(node: Node, opset: int) -> Fn:
+    def run(x: np.ndarray, target: np.ndarray) -> np.ndarray:
+        source, dest, shape = center_windows(node, x.shape, target)
+        out = np.zeros(shape, x.dtype)
+        out[tuple(dest)] = x[tuple(source)]
+        return out
+
+    return run
+
+
+def center_crop_pad_torch(node: Node, opset: int) -> Fn:
+    def run(x: Any, target: Any) -> Any:
+        source, dest, shape = center_windows(node, tuple(x.shape), target)
+        out = x.new_zeros(shape)
+        out[tuple(dest)] = x[tuple(source)]
+        return out
+
+    return run
+
+
+op("CenterCropPad", center_crop_pad, center_crop_pad_torch, shape_inputs=(1,))
+
+
+# -- EyeLike ----------------------------------------------------------------------------------------------------
+def eye_like(node: Node, opset: int) -> Fn:
+    k = node.attrs.get("k", 0)
+
+    def run(x: np.ndarray) -> np.ndarray:
+        if x.ndim != 2:
+            raise ShapeError(f"EyeLike: expected a 2-d input, got shape {x.shape}")
+        return np.eye(*x.shape, k=k, dtype=elem_dtype(node, "dtype", np.dtype(dtype_name(x))))  # x may be a tensor
+
+    return run
+
+
+def eye_like_torch(node: Node, opset: int) -> Fn:
+    k = node.attrs.get("k", 0)
+
+    def run(x: Any) -> Any:
+        if x.dim() != 2:
+            raise ShapeError(f"EyeLike: expected a 2-d input, got shape {tuple(x.shape)}")
+        dtype = elem_dtype(node, "dtype")
+        rows, cols = x.shape
+        out = torch.zeros((rows, cols), dtype=x.dtype if dtype is None else torch_dtype(dtype.name), device=x.device)
+        return out.diagonal(k).fill_(1).base if min(rows, cols) and -rows < k < cols else out
+
+    return run
+
+
+op("EyeLike", eye_like, eye_like_torch, shape_only=True, check=check_elem_dtype("dtype"))
