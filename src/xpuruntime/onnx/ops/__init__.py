@@ -6,7 +6,23 @@ call `op(...)` with the facts about it; importing the module here registers it. 
 
 from __future__ import annotations
 
-from . import bitwise, elementwise, indexing, linalg, nn, pad, recurrent, reduce, resize, sampling, shape  # noqa: F401 (they register)
+from . import (  # noqa: F401 (they register)
+    attention,
+    bitwise,
+    conv,
+    elementwise,
+    indexing,
+    linalg,
+    losses,
+    nn,
+    pad,
+    pool,
+    recurrent,
+    reduce,
+    resize,
+    sampling,
+    shape,
+)  # fmt: skip
 from .record import OPS, LoadContext, OpRecord
 
 SUPPORTED = frozenset(OPS) | {"Constant"}  # Constant nodes become initializers when the model is loaded

@@ -1,5 +1,7 @@
-"""Indexing ONNX ops: Gather and GatherElements (indices checked against the gathered axis), Compress,
-NonZero, Unique, ReverseSequence, TensorScatter."""
+"""Indexing ONNX ops: Gather, GatherElements, GatherND, ScatterND, ScatterElements (and Scatter), OneHot,
+Compress, NonZero, Unique, ReverseSequence, TensorScatter. Indices are checked against the axis they address;
+scatters with repeated indices keep the last update (reduction none) or combine them all (add, mul, max,
+min)."""
 
 from __future__ import annotations
 
@@ -64,6 +66,181 @@ def gather_elements_torch(node: Node, opset: int) -> Fn:
 
 
 op("GatherElements", gather_elements, gather_elements_torch)
+
+
+# -- GatherND -------------------------------------------------------------------------------------------------------
+def _nd_index(op: str, data_shape: tuple[int, ...], indices: np.ndarray, batch_dims: int) -> tuple:
+    """The index tuple for data[...] that picks what GatherND / ScatterND address: the batch dims' positions
+    broadcast against the index columns (negative ones wrapped); ArgumentError naming the op when out of range."""
+    depth = indices.shape[-1]
+    if batch_dims + depth > len(data_shape):
+        raise ShapeError(f"{op}: index depth {depth} after {batch_dims} batch dims exceeds data rank {len(data_shape)}")
+    if tuple(indices.shape[:batch_dims]) != tuple(data_shape[:batch_dims]):
+        raise ShapeError(f"{op}: batch dims of indices {indices.shape} and data {tuple(data_shape)} differ")
+    columns = []
+    for k in range(depth):
+        dim = data_shape[batch_dims + k]
+        column = indices[..., k]
+        check_indices(op, column, dim, batch_dims + k, data_shape)
+        columns.append(np.where(column < 0, column + dim, column))
+    lead = indices.shape[:-1]
+    batch = [
+        np.arange(n).reshape((1,) * b + (n,) + (1,) * (len(lead) - b - 1)) for b, n in enumerate(lead[:batch_dims])
+    ]
+    return (*batch, *columns)
+
+
+def gather_nd(node: Node, opset: int) -> Fn:
+    batch_dims = int(node.attrs.get("batch_dims", 0))
+    return lambda data, indices: data[_nd_index("GatherND", data.shape, np.asarray(indices), batch_dims)]
+
+
+def gather_nd_torch(node: Node, opset: int) -> Fn:
+    batch_dims = int(node.attrs.get("batch_dims", 0))
+
+    def run(data: Any, indices: Any) -> Any:
+        index = _nd_index("GatherND", tuple(data.shape), to_host(indices), batch_dims)
+        return data[tuple(torch.as_tensor(i, device=data.device) for i in index)]
+
+    return run
+
+
+op("GatherND", gather_nd, gather_nd_torch)
+
+
+# -- ScatterND and ScatterElements -------------------------------------------------------------------------------------
+REDUCTIONS = ("none", "add", "mul", "max", "min")
+
+
+def check_reduction(node: Node, ctx: LoadContext) -> None:
+    value = node.attrs.get("reduction", "none")
+    if value not in REDUCTIONS:
+        raise UnsupportedModelError(
+            f"{node.describe()}: attribute reduction={value!r} is not supported; supported: {', '.join(REDUCTIONS)}"
+        )
+
+
+_NUMPY_REDUCE = {"add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minimum}
+
+
+def _scatter_numpy(data: np.ndarray, index: tuple, updates: np.ndarray, reduction: str) -> np.ndarray:
+    out = data.copy()
+    if reduction == "none":
+        out[index] = updates  # repeated indices: the last update wins, as in onnxruntime
+    else:
+        _NUMPY_REDUCE[reduction].at(out, index, updates)
+    return out
+
+
+def _scatter_torch(data: Any, index: tuple, updates: Any, reduction: str) -> Any:
+    index = tuple(torch.as_tensor(i, device=data.device) for i in index)
+    out = data.clone()
+    if reduction == "none":
+        out[index] = updates
+        return out
+    flat = out.reshape(-1)
+    positions = torch.zeros((), dtype=torch.long, device=data.device)
+    for i, stride in zip(index, out.stride()):
+        positions = positions + i * stride
+    for dim in range(len(index), out.dim()):  # the dims a partial (ScatterND) index leaves whole
+        steps = torch.arange(out.shape[dim], device=data.device) * out.stride(dim)
+        positions = positions.unsqueeze(-1) + steps
+    positions = positions.expand(updates.shape).reshape(-1)
+    mode = {"add": "sum", "mul": "prod", "max": "amax", "min": "amin"}[reduction]
+    flat.scatter_reduce_(0, positions, updates.reshape(-1), mode, include_self=True)
+    return out
+
+
+def scatter_nd(node: Node, opset: int) -> Fn:
+    reduction = node.attrs.get("reduction", "none")
+
+    def run(data: np.ndarray, indices: np.ndarray, updates: np.ndarray) -> np.ndarray:
+        return _scatter_numpy(data, _nd_index("ScatterND", data.shape, indices, 0), updates, reduction)
+
+    return run
+
+
+def scatter_nd_torch(node: Node, opset: int) -> Fn:
+    reduction = node.attrs.get("reduction", "none")
+
+    def run(data: Any, indices: Any, updates: Any) -> Any:
+        return _scatter_torch(data, _nd_index("ScatterND", tuple(data.shape), to_host(indices), 0), updates, reduction)
+
+    return run
+
+
+op("ScatterND", scatter_nd, scatter_nd_torch, host_inputs=(1,), check=check_reduction)
+
+
+def _elements_index(op: str, data_shape: tuple[int, ...], indices: np.ndarray, axis: int) -> tuple:
+    """data[...] index of ScatterElements: `indices` along `axis`, every other dim its own position."""
+    ax = axis_index(op, axis, len(data_shape))
+    check_indices(op, indices, data_shape[ax], axis, data_shape)
+    index = list(np.indices(indices.shape, sparse=True))
+    index[ax] = np.where(indices < 0, indices + data_shape[ax], indices)
+    return tuple(index)
+
+
+def scatter_elements(node: Node, opset: int) -> Fn:
+    axis, reduction = node.attrs.get("axis", 0), node.attrs.get("reduction", "none")
+
+    def run(data: np.ndarray, indices: np.ndarray, updates: np.ndarray) -> np.ndarray:
+        return _scatter_numpy(data, _elements_index(node.op, data.shape, indices, axis), updates, reduction)
+
+    return run
+
+
+def scatter_elements_torch(node: Node, opset: int) -> Fn:
+    axis, reduction = node.attrs.get("axis", 0), node.attrs.get("reduction", "none")
+
+    def run(data: Any, indices: Any, updates: Any) -> Any:
+        index = _elements_index(node.op, tuple(data.shape), to_host(indices), axis)
+        return _scatter_torch(data, index, updates, reduction)
+
+    return run
+
+
+op("ScatterElements", scatter_elements, scatter_elements_torch, host_inputs=(1,), check=check_reduction)
+op("Scatter", scatter_elements, scatter_elements_torch, host_inputs=(1,))  # Scatter-9 and -11: ScatterElements
+
+
+# -- OneHot ------------------------------------------------------------------------------------------------------------
+def one_hot_args(indices: np.ndarray, depth: Any, axis: int) -> tuple[int, int, np.ndarray]:
+    """OneHot's axis (as an index into the output), depth, and the indices with negative ones wrapped (those
+    still outside [0, depth) select no position)."""
+    size = int(np.asarray(to_host(depth)).reshape(-1)[0])
+    if size < 1:
+        raise ArgumentError(f"OneHot: depth {size} is not positive")
+    ax = axis_index("OneHot", axis, indices.ndim + 1)
+    return ax, size, np.where(indices < 0, indices + size, indices)
+
+
+def one_hot(node: Node, opset: int) -> Fn:
+    axis = node.attrs.get("axis", -1)
+
+    def run(indices: np.ndarray, depth: np.ndarray, values: np.ndarray) -> np.ndarray:
+        ax, size, wrapped = one_hot_args(np.asarray(indices).astype(np.int64), depth, axis)
+        positions = np.arange(size).reshape((size,) + (1,) * (indices.ndim - ax))
+        hot = np.expand_dims(wrapped, ax) == positions
+        return np.where(hot, values[1], values[0]).astype(values.dtype)
+
+    return run
+
+
+def one_hot_torch(node: Node, opset: int) -> Fn:
+    axis = node.attrs.get("axis", -1)
+
+    def run(indices: Any, depth: Any, values: Any) -> Any:
+        host = to_host(indices).astype(np.int64)
+        ax, size, wrapped = one_hot_args(host, depth, axis)
+        positions = np.arange(size).reshape((size,) + (1,) * (host.ndim - ax))
+        hot = torch.from_numpy(np.expand_dims(wrapped, ax) == positions).to(values.device)
+        return torch.where(hot, values[1], values[0])
+
+    return run
+
+
+op("OneHot", one_hot, one_hot_torch, shape_inputs=(1,), host_inputs=(0,))
 
 
 # -- Compress and NonZero -----------------------------------------------------------------------------------

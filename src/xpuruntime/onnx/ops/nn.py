@@ -218,3 +218,88 @@ def dropout_torch(node: Node, opset: int) -> Fn:
 
 
 op("Dropout", dropout, dropout_torch, host_inputs=(1, 2), tuple_output=True, check=check_dropout)
+
+
+# -- BatchNormalization --------------------------------------------------------------------------------------------
+def check_batch_norm(node: Node, ctx: LoadContext) -> None:
+    """Before opset 14, the outputs after Y are training statistics of an older design: declined."""
+    if ctx.graph.opset < 14 and any(node.outputs[1:]):
+        raise UnsupportedModelError(
+            f"{node.describe()}: BatchNormalization before opset 14 with its training outputs (mean, var, "
+            "saved_mean, saved_var) is not supported; the session runs inference (one output, Y)"
+        )
+
+
+def _channel(p: Any, ndim: int) -> Any:
+    """A per-channel parameter (C,) (or, with spatial=0 before opset 9, (C, D1, ...)) shaped to broadcast
+    over (N, C, D1, ...)."""
+    return p.reshape(1, *p.shape, *(1,) * (ndim - 1 - len(p.shape)))
+
+
+def _batch_norm(node: Node, opset: int, torch_path: bool) -> Fn:
+    eps, momentum = float(node.attrs.get("epsilon", 1e-5)), float(node.attrs.get("momentum", 0.9))
+    training = opset >= 14 and bool(node.attrs.get("training_mode", 0))
+
+    def run(x: Any, scale: Any, bias: Any, mean: Any, var: Any) -> tuple:
+        ndim = len(x.shape)
+        if not training:
+            y = (x - _channel(mean, ndim)) / (_channel(var, ndim) + eps) ** 0.5 * _channel(scale, ndim)
+            return (_same_dtype(y + _channel(bias, ndim), x, torch_path),)
+        axes = tuple(a for a in range(ndim) if a != 1)
+        current_mean = x.mean(axes) if torch_path else x.mean(axis=axes)
+        current_var = x.var(axes, unbiased=False) if torch_path else x.var(axis=axes)
+        y = (x - _channel(current_mean, ndim)) / (_channel(current_var, ndim) + eps) ** 0.5
+        y = y * _channel(scale, ndim) + _channel(bias, ndim)
+        running_mean = mean * momentum + current_mean * (1 - momentum)
+        running_var = var * momentum + current_var * (1 - momentum)
+        return tuple(_same_dtype(v, x, torch_path) for v in (y, running_mean, running_var))
+
+    return run
+
+
+def _same_dtype(y: Any, x: Any, torch_path: bool) -> Any:
+    return y.to(x.dtype) if torch_path else np.asarray(y).astype(x.dtype, copy=False)
+
+
+op("BatchNormalization", lambda node, opset: _batch_norm(node, opset, False),
+   lambda node, opset: _batch_norm(node, opset, True), tuple_output=True, check=check_batch_norm)  # fmt: skip
+
+
+# -- RMSNormalization ------------------------------------------------------------------------------------------------
+def _norm_axes(node: Node, ndim: int) -> tuple[int, ...]:
+    return tuple(range(axis_index(node.op, node.attrs.get("axis", -1), ndim), ndim))
+
+
+def rms_norm(node: Node, opset: int) -> Fn:
+    eps = float(node.attrs.get("epsilon", 1e-5))
+
+    def run(x: np.ndarray, scale: np.ndarray) -> np.ndarray:
+        xf = x.astype(np.float32) if x.dtype == np.float16 else x
+        mean_square = np.mean(np.square(xf), axis=_norm_axes(node, x.ndim), keepdims=True)
+        return (xf / np.sqrt(mean_square + eps) * scale).astype(x.dtype, copy=False)
+
+    return run
+
+
+def rms_norm_torch(node: Node, opset: int) -> Fn:
+    eps = float(node.attrs.get("epsilon", 1e-5))
+
+    def run(x: Any, scale: Any) -> Any:
+        xf = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+        mean_square = (xf * xf).mean(dim=_norm_axes(node, x.dim()), keepdim=True)
+        return (xf * torch.rsqrt(mean_square + eps) * scale).to(x.dtype)
+
+    return run
+
+
+def lower_rms_norm(node: Node, args: list, opset: int) -> Lowered | None:
+    x, scale = args
+    if not is_float(x) or x.ndim == 0:
+        return None
+    dims = x.shape[_norm_axes(node, x.ndim)[0] :]
+    if scale.shape != dims or scale.dtype != x.dtype:
+        return None
+    return "rms_norm", (0, 1), {"normalized_shape": dims, "eps": float(node.attrs.get("epsilon", 1e-5))}
+
+
+op("RMSNormalization", rms_norm, rms_norm_torch, lower=lower_rms_norm)

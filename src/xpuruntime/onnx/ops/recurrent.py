@@ -67,8 +67,10 @@ class _Recurrence:
 
     def __init__(self, node: Node, q: Any, k: Any, v: Any, past: Any, decay: Any, beta: Any) -> None:
         self.q_heads, self.kv_heads = node.attrs["q_num_heads"], node.attrs["kv_num_heads"]
-        self.q, self.k, self.v = _heads(q, self.q_heads, "query"), _heads(k, self.kv_heads, "key"), _heads(
-            v, self.kv_heads, "value"
+        self.q, self.k, self.v = (
+            _heads(q, self.q_heads, "query"),
+            _heads(k, self.kv_heads, "key"),
+            _heads(v, self.kv_heads, "value"),
         )
         b, _, t, dk = self.q.shape
         if self.k.shape[:1] + self.k.shape[2:] != (b, t, dk) or self.v.shape[:3] != self.k.shape[:3]:
@@ -96,7 +98,7 @@ def linear_attention(node: Node, opset: int) -> Fn:
         gates = None if r.decay is None else np.exp(r.decay.astype(compute))
         betas = None if r.beta is None else r.beta.astype(compute)
         state = np.zeros(r.state_shape, compute) if past is None else past.astype(compute)
-        out = np.empty(qs.shape[:3] + (vs.shape[-1],), compute)
+        out = np.empty((*qs.shape[:3], vs.shape[-1]), compute)
         for t in range(qs.shape[2]):
             if gates is not None:
                 state = state * gates[:, :, t, :, None]
@@ -171,7 +173,7 @@ def causal_conv(node: Node, opset: int) -> Fn:
 
     def run(x: np.ndarray, weight: np.ndarray, bias: Any = None, past: Any = None) -> tuple:
         k = _causal_shapes(x, weight, past)
-        head = np.zeros(x.shape[:2] + (k - 1,), x.dtype) if past is None else past.astype(x.dtype, copy=False)
+        head = np.zeros((*x.shape[:2], k - 1), x.dtype) if past is None else past.astype(x.dtype, copy=False)
         padded = np.concatenate([head, x], axis=2)
         compute = np.float64 if x.dtype == np.float64 else np.float32
         windows = np.lib.stride_tricks.sliding_window_view(padded, k, axis=2)  # (B, C, L, k)
@@ -190,7 +192,7 @@ def causal_conv_torch(node: Node, opset: int) -> Fn:
 
     def run(x: Any, weight: Any, bias: Any = None, past: Any = None) -> tuple:
         k = _causal_shapes(x, weight, past)
-        head = x.new_zeros(x.shape[:2] + (k - 1,)) if past is None else past.to(x.dtype)
+        head = x.new_zeros((*x.shape[:2], k - 1)) if past is None else past.to(x.dtype)
         padded = torch.cat([head, x], dim=2)
         y = F.conv1d(padded, weight.to(x.dtype), None if bias is None else bias.to(x.dtype), groups=x.shape[1])
         return F.silu(y) if silu else y, padded[:, :, padded.shape[2] - (k - 1) :].contiguous()

@@ -5,8 +5,8 @@ Both follow PyTorch's grid_sample / affine_grid, as the spec does: a grid holds 
 [-1, 1] (x first, for the last dim), mapped to pixel centers (align_corners=0) or to the corner pixels
 (align_corners=1). Border and reflection padding move a linear or nearest coordinate inside the input before
 it is read, and move each of the 4 taps of a cubic one (as PyTorch and onnxruntime do; the ONNX reference
-also moves the cubic coordinate, which differs where it lies outside). On the GPU path the cases F.grid_sample covers run there; the rest (1-D or 4-D and
-more, cubic in 3-D) run on host copies.
+also moves the cubic coordinate, which differs where it lies outside). On the GPU path the cases
+F.grid_sample covers run there; the rest (1-D or 4-D and more, cubic in 3-D) run on host copies.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import numpy as np
 from ...errors import ShapeError
 from ...graph.ir import Node
 from ..errors import UnsupportedModelError
-from .record import F, Fn, LoadContext, ints, on_host, op, torch
+from .record import F, Fn, LoadContext, ints, on_host, op
 
 MODES = {"linear": "linear", "bilinear": "linear", "nearest": "nearest", "cubic": "cubic", "bicubic": "cubic"}
 PADDINGS = ("zeros", "border", "reflection")
