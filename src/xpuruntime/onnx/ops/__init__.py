@@ -20,6 +20,7 @@ from . import (  # noqa: F401 (they register)
     recurrent,
     reduce,
     resize,
+    rotary,
     sampling,
     shape,
 )  # fmt: skip

@@ -16,6 +16,7 @@ import numpy as np
 from ...errors import ShapeError
 from ...graph.ir import GraphError, Node
 from ..errors import UnsupportedModelError
+from .arrays import NUMPY, TORCH
 from .record import F, Fn, LoadContext, op, torch
 
 # -- LinearAttention ---------------------------------------------------------------------------------------------
@@ -86,59 +87,38 @@ class _Recurrence:
         self.group = self.q_heads // self.kv_heads
 
 
-def linear_attention(node: Node, opset: int) -> Fn:
+def _linear_attention(xp: Any, node: Node, q: Any, k: Any, v: Any, past: Any, decay: Any, beta: Any) -> tuple:
     """S_t = exp(g_t) S_{t-1} + k_t (beta_t (v_t - exp(g_t) S_{t-1}^T k_t))^T for gated delta (the other
     rules drop the decay, the correction or both); o_t = scale q_t^T S_t, each query head reading the state of
     its key-value head. Computed in float32 (float64 for float64 inputs)."""
+    r = _Recurrence(node, q, k, v, past, decay, beta)
+    compute = xp.compute_dtype(q)
+    qs, ks, vs = (xp.cast(a, compute) for a in (r.q, r.k, r.v))
+    gates = None if r.decay is None else xp.exp(xp.cast(r.decay, compute))
+    betas = None if r.beta is None else xp.cast(r.beta, compute)
+    state = xp.zeros(r.state_shape, compute, q) if past is None else xp.cast(past, compute)
+    steps = []
+    for t in range(qs.shape[2]):
+        if gates is not None:
+            state = state * gates[:, :, t, :, None]
+        update = vs[:, :, t]
+        if betas is not None:
+            update = betas[:, :, t] * (update - xp.einsum("bhkv,bhk->bhv", state, ks[:, :, t]))
+        state = state + ks[:, :, t, :, None] * update[:, :, None, :]
+        read = xp.repeat(state, r.group, 1) if r.group > 1 else state
+        steps.append(xp.einsum("bhk,bhkv->bhv", qs[:, :, t], read))
+    out = xp.stack(steps, 2) * r.scale
+    b, h, t, dv = out.shape
+    y = xp.permute(out, (0, 2, 1, 3)).reshape(b, t, h * dv)
+    return xp.cast(y, q.dtype), xp.cast(state, q.dtype if past is None else past.dtype)
 
-    def run(q: np.ndarray, k: np.ndarray, v: np.ndarray, past: Any = None, decay: Any = None, beta: Any = None):
-        r = _Recurrence(node, q, k, v, past, decay, beta)
-        compute = np.float64 if q.dtype == np.float64 else np.float32
-        qs, ks, vs = (a.astype(compute) for a in (r.q, r.k, r.v))
-        gates = None if r.decay is None else np.exp(r.decay.astype(compute))
-        betas = None if r.beta is None else r.beta.astype(compute)
-        state = np.zeros(r.state_shape, compute) if past is None else past.astype(compute)
-        out = np.empty((*qs.shape[:3], vs.shape[-1]), compute)
-        for t in range(qs.shape[2]):
-            if gates is not None:
-                state = state * gates[:, :, t, :, None]
-            update = vs[:, :, t]
-            if betas is not None:
-                update = betas[:, :, t] * (update - np.einsum("bhkv,bhk->bhv", state, ks[:, :, t]))
-            state = state + ks[:, :, t, :, None] * update[:, :, None, :]
-            read = np.repeat(state, r.group, axis=1) if r.group > 1 else state
-            out[:, :, t] = np.einsum("bhk,bhkv->bhv", qs[:, :, t], read)
-        b, h, t, dv = out.shape
-        y = (out * r.scale).transpose(0, 2, 1, 3).reshape(b, t, h * dv)
-        return y.astype(q.dtype), state.astype(q.dtype if past is None else past.dtype)
 
-    return run
+def linear_attention(node: Node, opset: int) -> Fn:
+    return lambda q, k, v, past=None, decay=None, beta=None: _linear_attention(NUMPY, node, q, k, v, past, decay, beta)
 
 
 def linear_attention_torch(node: Node, opset: int) -> Fn:
-    def run(q: Any, k: Any, v: Any, past: Any = None, decay: Any = None, beta: Any = None) -> tuple:
-        r = _Recurrence(node, q, k, v, past, decay, beta)
-        compute = torch.float64 if q.dtype == torch.float64 else torch.float32
-        qs, ks, vs = (a.to(compute) for a in (r.q, r.k, r.v))
-        gates = None if r.decay is None else torch.exp(r.decay.to(compute))
-        betas = None if r.beta is None else r.beta.to(compute)
-        state = q.new_zeros(r.state_shape, dtype=compute) if past is None else past.to(compute)
-        steps = []
-        for t in range(qs.shape[2]):
-            if gates is not None:
-                state = state * gates[:, :, t, :, None]
-            update = vs[:, :, t]
-            if betas is not None:
-                update = betas[:, :, t] * (update - torch.einsum("bhkv,bhk->bhv", state, ks[:, :, t]))
-            state = state + ks[:, :, t, :, None] * update[:, :, None, :]
-            read = state.repeat_interleave(r.group, dim=1) if r.group > 1 else state
-            steps.append(torch.einsum("bhk,bhkv->bhv", qs[:, :, t], read))
-        out = torch.stack(steps, dim=2) * r.scale
-        b, h, t, dv = out.shape
-        y = out.transpose(1, 2).reshape(b, t, h * dv)
-        return y.to(q.dtype), state.to(q.dtype if past is None else past.dtype)
-
-    return run
+    return lambda q, k, v, past=None, decay=None, beta=None: _linear_attention(TORCH, node, q, k, v, past, decay, beta)
 
 
 op("LinearAttention", linear_attention, linear_attention_torch, tuple_output=True, check=check_linear_attention)
