@@ -1,9 +1,11 @@
-"""Recurrent ONNX ops, which carry a state along the sequence: the linear-attention family's LinearAttention
-(linear, gated, delta and gated-delta rules, with grouped-query heads) and CausalConvWithState (a depthwise
-causal 1-D convolution that hands its last k - 1 inputs on).
+"""Recurrent ONNX ops, which carry a state along the sequence: RNN, GRU and LSTM (every direction, layout,
+sequence_lens, peepholes, clip and activation), the linear-attention family's LinearAttention (linear, gated,
+delta and gated-delta rules, with grouped-query heads) and CausalConvWithState (a depthwise causal 1-D
+convolution that hands its last k - 1 inputs on).
 
-The recurrences run one time step at a time, each step vectorised over batch, heads and state; the
-convolution is one product over sliding windows (F.conv1d on the GPU path).
+The recurrences run one time step at a time, each step vectorised over batch, heads and state, and are
+written once for both paths (arrays.py); the convolution is one product over sliding windows (F.conv1d on
+the GPU path).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from ...errors import ShapeError
 from ...graph.ir import GraphError, Node
 from ..errors import UnsupportedModelError
 from .arrays import NUMPY, TORCH
-from .record import F, Fn, LoadContext, op, torch
+from .record import F, Fn, LoadContext, op, to_host, torch
 
 # -- LinearAttention ---------------------------------------------------------------------------------------------
 RULES = ("linear", "gated", "delta", "gated_delta")
@@ -181,3 +183,161 @@ def causal_conv_torch(node: Node, opset: int) -> Fn:
 
 
 op("CausalConvWithState", causal_conv, causal_conv_torch, tuple_output=True, check=check_causal_conv)
+
+
+# -- RNN, GRU and LSTM ------------------------------------------------------------------------------------------
+GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}
+DEFAULT_ACTIVATIONS = {"RNN": ("Tanh",), "GRU": ("Sigmoid", "Tanh"), "LSTM": ("Sigmoid", "Tanh", "Tanh")}
+# activation -> (default alpha, default beta) for those taking them (None: takes none)
+ACTIVATION_PARAMS: dict[str, tuple[float | None, float | None]] = {
+    "Relu": (None, None), "Tanh": (None, None), "Sigmoid": (None, None), "Softsign": (None, None),
+    "Softplus": (None, None), "Affine": (1.0, 0.0), "LeakyRelu": (0.01, None), "ThresholdedRelu": (1.0, None),
+    "ScaledTanh": (1.0, 1.0), "HardSigmoid": (0.2, 0.5), "Elu": (1.0, None),
+}  # fmt: skip
+
+
+def _activation(xp: Any, name: str, alpha: float | None, beta: float | None) -> Any:
+    table = {
+        "Relu": xp.relu, "Tanh": xp.tanh, "Sigmoid": xp.sigmoid, "Softsign": xp.softsign, "Softplus": xp.softplus,
+        "Affine": lambda x: alpha * x + beta,
+        "LeakyRelu": lambda x: xp.where(x >= 0, x, alpha * x),
+        "ThresholdedRelu": lambda x: xp.where(x > alpha, x, 0 * x),
+        "ScaledTanh": lambda x: alpha * xp.tanh(beta * x),
+        "HardSigmoid": lambda x: xp.clip(alpha * x + beta, 0, 1),
+        "Elu": lambda x: xp.where(x > 0, x, alpha * (xp.exp(x) - 1)),
+    }  # fmt: skip
+    return table[name]
+
+
+def _activation_specs(node: Node) -> list[tuple[str, float | None, float | None]]:
+    """(name, alpha, beta) of every activation, per direction in turn; alphas and betas are taken in order
+    by the activations that use them, defaults where the lists run out."""
+    directions = 2 if node.attrs.get("direction", "forward") == "bidirectional" else 1
+    names = list(node.attrs.get("activations") or DEFAULT_ACTIVATIONS[node.op] * directions)
+    alphas, betas = list(node.attrs.get("activation_alpha") or ()), list(node.attrs.get("activation_beta") or ())
+    specs = []
+    for name in names:
+        name = next((known for known in ACTIVATION_PARAMS if known.lower() == name.lower()), name)
+        alpha, beta = ACTIVATION_PARAMS.get(name, (None, None))
+        alpha = alphas.pop(0) if alpha is not None and alphas else alpha
+        beta = betas.pop(0) if beta is not None and betas else beta
+        specs.append((name, alpha, beta))
+    return specs
+
+
+def check_rnn(node: Node, ctx: LoadContext) -> None:
+    direction = node.attrs.get("direction", "forward")
+    if direction not in ("forward", "reverse", "bidirectional"):
+        raise UnsupportedModelError(f"{node.describe()}: direction {direction!r} is not forward, reverse or "
+                                    "bidirectional")  # fmt: skip
+    specs = _activation_specs(node)
+    unknown = [name for name, _, _ in specs if name not in ACTIVATION_PARAMS]
+    wanted = len(DEFAULT_ACTIVATIONS[node.op]) * (2 if direction == "bidirectional" else 1)
+    if unknown or len(specs) != wanted:
+        raise UnsupportedModelError(f"{node.describe()}: activations {[s[0] for s in specs]}: expected {wanted} of "
+                                    f"{sorted(ACTIVATION_PARAMS)}")  # fmt: skip
+
+
+def _reverse_within(xp: Any, x: Any, lengths: Any) -> Any:
+    """Each batch's first lengths[b] time steps in reverse order, the rest in place (x is (T, B, ...))."""
+    steps, batch = x.shape[0], x.shape[1]
+    t = np.arange(steps)[:, None]
+    index = np.where(t < lengths[None, :], lengths[None, :] - 1 - t, t)
+    return x[xp.from_host(index, x), xp.from_host(np.arange(batch)[None, :], x)]
+
+
+class _Weights:
+    """One direction's weights split by gate, transposed for x @ W."""
+
+    def __init__(self, xp: Any, op: str, w: Any, r: Any, b: Any, p: Any, hidden: int, compute: Any) -> None:
+        gates = GATES[op]
+        self.w = xp.cast(w, compute).T  # (input, gates * hidden)
+        self.r = [xp.cast(r[g * hidden : (g + 1) * hidden], compute).T for g in range(gates)]
+        self.wb = None if b is None else xp.cast(b[: gates * hidden], compute)
+        self.rb = None if b is None else [xp.cast(b[(gates + g) * hidden : (gates + g + 1) * hidden], compute)
+                                          for g in range(gates)]  # fmt: skip
+        self.p = None if p is None else [xp.cast(p[g * hidden : (g + 1) * hidden], compute) for g in range(3)]
+
+
+def _cell(xp: Any, node: Node, weights: _Weights, acts: list, xw: Any, h: Any, c: Any, hidden: int) -> tuple:
+    """One time step of the node's cell: the new hidden (and cell) state from the input's projection xw."""
+    clip = node.attrs.get("clip")
+    squash = (lambda v: xp.clip(v, -clip, clip)) if clip is not None else (lambda v: v)
+    parts = [xw[:, g * hidden : (g + 1) * hidden] for g in range(GATES[node.op])]
+    recur = [h @ rg + (0 if weights.rb is None else weights.rb[g]) for g, rg in enumerate(weights.r)]
+    if node.op == "RNN":
+        return acts[0](squash(parts[0] + recur[0])), None
+    if node.op == "GRU":  # gates z, r, h
+        f, g = acts
+        z, rt = f(squash(parts[0] + recur[0])), f(squash(parts[1] + recur[1]))
+        if node.attrs.get("linear_before_reset", 0):
+            candidate = g(squash(parts[2] + rt * recur[2]))
+        else:
+            rb = 0 if weights.rb is None else weights.rb[2]
+            candidate = g(squash(parts[2] + (rt * h) @ weights.r[2] + rb))
+        return (1 - z) * candidate + z * h, None
+    f, g, hact = acts  # LSTM: gates i, o, f, c; peepholes i, o, f
+    peep = weights.p or [0, 0, 0]
+    i = f(squash(parts[0] + recur[0] + peep[0] * c))
+    forget = 1 - i if node.attrs.get("input_forget", 0) else f(squash(parts[2] + recur[2] + peep[2] * c))
+    c = forget * c + i * g(squash(parts[3] + recur[3]))
+    o = f(squash(parts[1] + recur[1] + peep[1] * c))
+    return o * hact(c), c
+
+
+def _recurrent(xp: Any, node: Node, x: Any, w: Any, r: Any, *rest: Any) -> tuple:
+    """RNN, GRU or LSTM over the whole sequence, one step at a time (x @ W for all steps at once), each
+    direction on its own; steps past a batch's sequence length leave its state alone and output zeros."""
+    b, lengths, h0, c0, p = (*rest, None, None, None, None, None)[:5]
+    hidden, layout = node.attrs["hidden_size"], node.attrs.get("layout", 0)
+    direction = node.attrs.get("direction", "forward")
+    dirs = 2 if direction == "bidirectional" else 1
+    if layout:
+        x = xp.permute(x, (1, 0, 2))
+        h0 = None if h0 is None else xp.permute(h0, (1, 0, 2))
+        c0 = None if c0 is None else xp.permute(c0, (1, 0, 2))
+    steps, batch, _ = x.shape
+    gates = GATES[node.op]
+    if w.shape[0] != dirs or w.shape[1] != gates * hidden or r.shape[1:] != (gates * hidden, hidden):
+        raise ShapeError(f"{node.op}: W {tuple(w.shape)} and R {tuple(r.shape)} must be ({dirs}, {gates * hidden}, "
+                         f"input) and ({dirs}, {gates * hidden}, {hidden})")  # fmt: skip
+    host_lengths = np.full(batch, steps, np.int64) if lengths is None else np.asarray(to_host(lengths), np.int64)
+    if host_lengths.shape != (batch,) or (host_lengths < 0).any() or (host_lengths > steps).any():
+        raise ShapeError(f"{node.op}: sequence_lens {host_lengths} must hold {batch} lengths in [0, {steps}]")
+    active = xp.from_host((np.arange(steps)[:, None] < host_lengths[None, :])[:, :, None], x)  # (T, B, 1)
+    compute = xp.compute_dtype(x)
+    specs = _activation_specs(node)
+    per_dir = len(DEFAULT_ACTIVATIONS[node.op])
+    ys, hs, cs = [], [], []
+    for d in range(dirs):
+        weights = _Weights(xp, node.op, w[d], r[d], None if b is None else b[d], None if p is None else p[d],
+                           hidden, compute)  # fmt: skip
+        acts = [_activation(xp, *spec) for spec in specs[d * per_dir : (d + 1) * per_dir]]
+        reverse = direction == "reverse" or d == 1
+        seq = _reverse_within(xp, x, host_lengths) if reverse else x
+        xw = xp.cast(seq, compute).reshape(steps * batch, -1) @ weights.w
+        if weights.wb is not None:
+            xw = xw + weights.wb
+        xw = xw.reshape(steps, batch, gates * hidden)
+        h = xp.zeros((batch, hidden), compute, x) if h0 is None else xp.cast(h0[d], compute)
+        c = xp.zeros((batch, hidden), compute, x) if c0 is None else xp.cast(c0[d], compute)
+        outs = []
+        for t in range(steps):
+            new_h, new_c = _cell(xp, node, weights, acts, xw[t], h, c, hidden)
+            h = xp.where(active[t], new_h, h)
+            c = c if new_c is None else xp.where(active[t], new_c, c)
+            outs.append(xp.where(active[t], new_h, 0 * new_h))
+        y = xp.stack(outs, 0) if steps else xp.zeros((0, batch, hidden), compute, x)
+        ys.append(_reverse_within(xp, y, host_lengths) if reverse else y)
+        hs.append(h)
+        cs.append(c)
+    y, y_h, y_c = (xp.cast(xp.stack(v, 1 if v is ys else 0), x.dtype) for v in (ys, hs, cs))  # Y: (T, D, B, H)
+    if layout:
+        y, y_h, y_c = xp.permute(y, (2, 0, 1, 3)), xp.permute(y_h, (1, 0, 2)), xp.permute(y_c, (1, 0, 2))
+    return (y, y_h, y_c)[: len(node.outputs)]
+
+
+for _op in GATES:
+    op(_op, lambda node, opset: lambda *args: _recurrent(NUMPY, node, *args),
+       lambda node, opset: lambda *args: _recurrent(TORCH, node, *args),
+       host_inputs=(4,), tuple_output=True, check=check_rnn)  # fmt: skip
