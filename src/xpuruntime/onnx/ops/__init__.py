@@ -23,6 +23,7 @@ from . import (  # noqa: F401 (they register)
     rotary,
     sampling,
     shape,
+    spectral,
 )  # fmt: skip
 from .record import OPS, LoadContext, OpRecord
 
