@@ -10,6 +10,7 @@ from . import (  # noqa: F401 (they register)
     attention,
     bitwise,
     conv,
+    detection,
     elementwise,
     indexing,
     linalg,
