@@ -18,6 +18,7 @@ from . import (  # noqa: F401 (they register)
     nn,
     pad,
     pool,
+    quantize,
     recurrent,
     reduce,
     resize,

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from .record import F, torch
+from .record import F, as_tensor, torch, torch_dtype
 
 
 class NumpyArrays:
@@ -75,7 +75,13 @@ class NumpyArrays:
     def softplus(x: Any) -> Any:
         return np.logaddexp(0, x)
 
+    @staticmethod
+    def dtype(name: str) -> Any:
+        """The dtype of this kind named by NumPy's name ('float32', 'uint8')."""
+        return np.dtype(name)
+
     einsum = staticmethod(np.einsum)
+    rint = staticmethod(np.rint)  # half to even
     exp = staticmethod(np.exp)
     tanh = staticmethod(np.tanh)
     abs = staticmethod(np.abs)
@@ -100,7 +106,7 @@ class TorchArrays:
 
     @staticmethod
     def from_host(array: np.ndarray, like: Any) -> Any:
-        return torch.from_numpy(np.ascontiguousarray(array)).to(like.device)
+        return as_tensor(np.asarray(array), like.device)
 
     @staticmethod
     def stack(xs: Sequence[Any], axis: int) -> Any:
@@ -143,8 +149,16 @@ class TorchArrays:
         return F.softplus(x)
 
     @staticmethod
+    def dtype(name: str) -> Any:
+        return torch_dtype(name)
+
+    @staticmethod
     def einsum(spec: str, *xs: Any) -> Any:
         return torch.einsum(spec, *xs)
+
+    @staticmethod
+    def rint(x: Any) -> Any:
+        return torch.round(x)  # half to even
 
     @staticmethod
     def exp(x: Any) -> Any:
