@@ -1,15 +1,17 @@
 """The few array functions whose names or signatures differ between NumPy and PyTorch, so that one algorithm
-serves the CPU path (NumPy arrays) and the GPU path (tensors): an op written against `xp` gets `NUMPY` or
-`TORCH` from its two builders. Operators (+, *, @, indexing, .shape, .reshape) are the same in both."""
+serves the CPU path (NumPy arrays) and the GPU path (tensors): an op written once as `fn(xp, node, opset,
+*inputs)` gets `NUMPY` or `TORCH` as `xp` from the two builders `builders(fn)` makes. Operators (+, *, @,
+indexing, .shape, .reshape) are the same in both."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
-from .record import F, as_tensor, torch, torch_dtype
+from .record import Builder, F, as_tensor, torch, torch_dtype
 
 
 class NumpyArrays:
@@ -79,6 +81,16 @@ class NumpyArrays:
     def dtype(name: str) -> Any:
         """The dtype of this kind named by NumPy's name ('float32', 'uint8')."""
         return np.dtype(name)
+
+    @staticmethod
+    def mean(x: Any, axes: Sequence[int]) -> Any:
+        """The mean over `axes`, keeping them as dims of 1."""
+        return x.mean(axis=tuple(axes), keepdims=True)
+
+    @staticmethod
+    def sum(x: Any, axes: Sequence[int]) -> Any:
+        """The sum over `axes`, keeping them as dims of 1."""
+        return x.sum(axis=tuple(axes), keepdims=True)
 
     einsum = staticmethod(np.einsum)
     rint = staticmethod(np.rint)  # half to even
@@ -153,6 +165,14 @@ class TorchArrays:
         return torch_dtype(name)
 
     @staticmethod
+    def mean(x: Any, axes: Sequence[int]) -> Any:
+        return x.mean(dim=tuple(axes), keepdim=True)
+
+    @staticmethod
+    def sum(x: Any, axes: Sequence[int]) -> Any:
+        return x.sum(dim=tuple(axes), keepdim=True)
+
+    @staticmethod
     def einsum(spec: str, *xs: Any) -> Any:
         return torch.einsum(spec, *xs)
 
@@ -182,3 +202,11 @@ class TorchArrays:
 
 
 NUMPY, TORCH = NumpyArrays(), TorchArrays()
+
+
+def builders(fn: Callable[..., Any]) -> tuple[Builder, Builder]:
+    """The NumPy and the PyTorch builder of an op written once as fn(xp, node, opset, *inputs)."""
+    return (
+        lambda node, opset: functools.partial(fn, NUMPY, node, opset),
+        lambda node, opset: functools.partial(fn, TORCH, node, opset),
+    )

@@ -1,5 +1,6 @@
-"""Neural-network ONNX ops: Softmax and LogSoftmax (and Hardmax), LayerNormalization (both through the selector's
-kernels where they fit), Dropout (inference only)."""
+"""Neural-network ONNX ops: Softmax and LogSoftmax (and Hardmax), LayerNormalization and RMSNormalization
+(through the selector's kernels where they fit), Dropout (inference only), BatchNormalization, and the other
+normalizations: Instance, Group, MeanVariance, Lp and LRN (written once for both paths, see arrays.py)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,11 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import ArgumentError
+from ...errors import ArgumentError, ShapeError
 from ...graph.ir import Node
 from ..errors import UnsupportedModelError
-from .record import Fn, LoadContext, Lowered, axis_index, is_float, op, to_host, torch
+from .arrays import builders
+from .record import Fn, LoadContext, Lowered, axis_index, check_elem_dtype, elem_dtype, is_float, op, to_host, torch
 
 
 # -- Softmax and LogSoftmax --------------------------------------------------------------------------------------
@@ -303,3 +305,86 @@ def lower_rms_norm(node: Node, args: list, opset: int) -> Lowered | None:
 
 
 op("RMSNormalization", rms_norm, rms_norm_torch, lower=lower_rms_norm)
+
+
+# -- InstanceNormalization, GroupNormalization, MeanVarianceNormalization, LpNormalization, LRN ------------------
+def _standardize(xp: Any, x: Any, axes: tuple[int, ...], eps: float) -> Any:
+    """(x - mean) / sqrt(var + eps) over `axes`, in float32 (float64 for float64 inputs)."""
+    xf = xp.cast(x, xp.compute_dtype(x))
+    centered = xf - xp.mean(xf, axes)
+    return centered / (xp.mean(centered * centered, axes) + eps) ** 0.5
+
+
+def _instance_norm(xp: Any, node: Node, opset: int, x: Any, scale: Any, bias: Any) -> Any:
+    """Per sample and channel over the spatial dims, then scale and bias per channel."""
+    if x.ndim < 3 or tuple(scale.shape) != (x.shape[1],) or tuple(bias.shape) != (x.shape[1],):
+        raise ShapeError(f"InstanceNormalization: input {tuple(x.shape)} must be (N, C, ...) and scale / bias (C,), "
+                         f"got {tuple(scale.shape)}, {tuple(bias.shape)}")  # fmt: skip
+    y = _standardize(xp, x, tuple(range(2, x.ndim)), node.attrs.get("epsilon", 1e-5))
+    per_channel = (-1,) + (1,) * (x.ndim - 2)
+    return xp.cast(y * xp.cast(scale, y.dtype).reshape(per_channel) + xp.cast(bias, y.dtype).reshape(per_channel),
+                   x.dtype)  # fmt: skip
+
+
+def _group_norm(xp: Any, node: Node, opset: int, x: Any, scale: Any, bias: Any) -> Any:
+    """Per sample and group of channels over the group's channels and the spatial dims; scale and bias per
+    channel (before opset 21: per group)."""
+    groups = node.attrs["num_groups"]
+    n, c = x.shape[:2]
+    per_group = opset < 21
+    wanted = (groups,) if per_group else (c,)
+    if x.ndim < 2 or groups < 1 or c % groups or tuple(scale.shape) != wanted or tuple(bias.shape) != wanted:
+        raise ShapeError(f"GroupNormalization: input {tuple(x.shape)} must have channels divisible by num_groups "
+                         f"{groups}, and scale / bias be {wanted}")  # fmt: skip
+    stash = elem_dtype(node, "stash_type", np.dtype(np.float32))
+    grouped = xp.cast(x, xp.dtype(stash.name)).reshape(n, groups, -1)
+    y = _standardize(xp, grouped, (2,), node.attrs.get("epsilon", 1e-5)).reshape(x.shape)
+    y = xp.cast(y, x.dtype)
+    if per_group:
+        scale, bias = xp.repeat(scale, c // groups, 0), xp.repeat(bias, c // groups, 0)
+    per_channel = (-1,) + (1,) * (x.ndim - 2)
+    return y * xp.cast(scale, x.dtype).reshape(per_channel) + xp.cast(bias, x.dtype).reshape(per_channel)
+
+
+def _mean_variance_norm(xp: Any, node: Node, opset: int, x: Any) -> Any:
+    """(x - E[x]) / (sqrt(E[x^2] - E[x]^2) + 1e-9) over `axes` (default 0, 2, 3), as the spec's function."""
+    axes = tuple(axis_index("MeanVarianceNormalization", a, x.ndim) for a in node.attrs.get("axes", (0, 2, 3)))
+    mean = xp.mean(x, axes)
+    std = xp.clip(xp.mean(x * x, axes) - mean * mean, 0, None) ** 0.5
+    return xp.cast((x - mean) / (std + 1e-9), x.dtype)
+
+
+def _lp_norm(xp: Any, node: Node, opset: int, x: Any) -> Any:
+    """x / ||x||_p along the axis (p 1 or 2), 0 where the norm is 0."""
+    p, axis = node.attrs.get("p", 2), axis_index("LpNormalization", node.attrs.get("axis", -1), x.ndim)
+    norm = xp.sum(xp.abs(x), (axis,)) if p == 1 else xp.sum(x * x, (axis,)) ** 0.5
+    return xp.cast(xp.where(norm == 0, 0 * x, x / xp.where(norm == 0, 1 + 0 * norm, norm)), x.dtype)
+
+
+def check_lp_norm(node: Node, ctx: LoadContext) -> None:
+    if node.attrs.get("p", 2) not in (1, 2):
+        raise UnsupportedModelError(f"{node.describe()}: p={node.attrs['p']}; LpNormalization takes p 1 or 2")
+
+
+def _lrn(xp: Any, node: Node, opset: int, x: Any) -> Any:
+    """x / (bias + alpha / size * sum of squares over the channels around c) ** beta; the window holds
+    floor((size - 1) / 2) channels before c and ceil((size - 1) / 2) after."""
+    size = node.attrs["size"]
+    alpha, beta, bias = node.attrs.get("alpha", 1e-4), node.attrs.get("beta", 0.75), node.attrs.get("bias", 1.0)
+    if x.ndim < 3 or size < 1:
+        raise ShapeError(f"LRN: input {tuple(x.shape)} must be (N, C, ...) and size >= 1, got {size}")
+    before, after = (size - 1) // 2, -(-(size - 1) // 2)
+    squares = xp.cast(x, xp.compute_dtype(x)) ** 2
+    c = x.shape[1]
+    rows = np.arange(c)[:, None]
+    band = ((np.arange(c)[None, :] >= rows - before) & (np.arange(c)[None, :] <= rows + after)).astype(np.float64)
+    window = xp.cast(xp.from_host(band, x), squares.dtype)  # (C, C): which channels each channel sums
+    summed = xp.einsum("dc,nc...->nd...", window, squares)
+    return xp.cast(xp.cast(x, squares.dtype) / (bias + alpha / size * summed) ** beta, x.dtype)
+
+
+op("InstanceNormalization", *builders(_instance_norm))
+op("GroupNormalization", *builders(_group_norm), check=check_elem_dtype("stash_type"))
+op("MeanVarianceNormalization", *builders(_mean_variance_norm))
+op("LpNormalization", *builders(_lp_norm), check=check_lp_norm)
+op("LRN", *builders(_lrn))

@@ -18,7 +18,7 @@ import numpy as np
 from ...errors import ShapeError
 from ...graph.ir import Node
 from ..errors import UnsupportedModelError
-from .arrays import NUMPY, TORCH
+from .arrays import NUMPY, builders
 from .conv import conv_im2col, conv_window, conv_with_torch
 from .record import LoadContext, axis_index, elem_dtype, op
 from .window import check_auto_pad
@@ -68,7 +68,7 @@ def _bounds(name: str) -> tuple[int, int]:
     return int(info.min), int(info.max)
 
 
-def _quantize(xp: Any, node: Node, x: Any, scale: Any, zero: Any = None) -> Any:
+def _quantize(xp: Any, node: Node, opset: int, x: Any, scale: Any, zero: Any = None) -> Any:
     """round(x / scale) + zero point, saturated; the division in x's precision (or `precision`'s)."""
     axis, block = node.attrs.get("axis", 1), node.attrs.get("block_size", 0)
     name = _dtype_name(zero.dtype) if zero is not None else elem_dtype(node, "output_dtype", np.dtype(np.uint8)).name
@@ -87,7 +87,7 @@ def _dtype_name(dtype: Any) -> str:
     return dtype.name if isinstance(dtype, np.dtype) else str(dtype).removeprefix("torch.")
 
 
-def _dequantize(xp: Any, node: Node, x: Any, scale: Any, zero: Any = None) -> Any:
+def _dequantize(xp: Any, node: Node, opset: int, x: Any, scale: Any, zero: Any = None) -> Any:
     axis, block = node.attrs.get("axis", 1), node.attrs.get("block_size", 0)
     out = elem_dtype(node, "output_dtype")
     scale = per_axis("DequantizeLinear", scale, tuple(x.shape), axis, block)
@@ -98,13 +98,11 @@ def _dequantize(xp: Any, node: Node, x: Any, scale: Any, zero: Any = None) -> An
     return xp.cast(y, scale.dtype if out is None else xp.dtype(out.name))
 
 
-op("QuantizeLinear", lambda node, opset: lambda *a: _quantize(NUMPY, node, *a),
-   lambda node, opset: lambda *a: _quantize(TORCH, node, *a), check=check_output_dtype)  # fmt: skip
-op("DequantizeLinear", lambda node, opset: lambda *a: _dequantize(NUMPY, node, *a),
-   lambda node, opset: lambda *a: _dequantize(TORCH, node, *a), check=check_output_dtype)  # fmt: skip
+op("QuantizeLinear", *builders(_quantize), check=check_output_dtype)
+op("DequantizeLinear", *builders(_dequantize), check=check_output_dtype)
 
 
-def _dynamic_quantize(xp: Any, x: Any) -> tuple:
+def _dynamic_quantize(xp: Any, node: Node, opset: int, x: Any) -> tuple:
     """uint8 with a scale and zero point from the input's range, widened to include 0."""
     wide = xp.cast(x, xp.dtype("float32"))
     low = min(float(wide.min()), 0.0) if math.prod(x.shape) else 0.0
@@ -116,8 +114,7 @@ def _dynamic_quantize(xp: Any, x: Any) -> tuple:
             xp.from_host(np.array(zero, np.uint8), x))  # fmt: skip
 
 
-op("DynamicQuantizeLinear", lambda node, opset: lambda x: _dynamic_quantize(NUMPY, x),
-   lambda node, opset: lambda x: _dynamic_quantize(TORCH, x), tuple_output=True)  # fmt: skip
+op("DynamicQuantizeLinear", *builders(_dynamic_quantize), tuple_output=True)
 
 
 # -- integer products --------------------------------------------------------------------------------------------
@@ -142,20 +139,18 @@ def _requantize(xp: Any, acc: Any, multiplier: Any, zero: Any, like: Any) -> Any
     return xp.cast(xp.clip(y, lo, hi), xp.dtype(name))
 
 
-def _matmul_integer(xp: Any, a: Any, b: Any, a_zero: Any = None, b_zero: Any = None) -> Any:
+def _matmul_integer(xp: Any, node: Node, opset: int, a: Any, b: Any, a_zero: Any = None, b_zero: Any = None) -> Any:
     return xp.cast(_centered(xp, a, a_zero, rows=True) @ _centered(xp, b, b_zero), xp.dtype("int32"))
 
 
-def _qlinear_matmul(xp: Any, a: Any, a_scale: Any, a_zero: Any, b: Any, b_scale: Any, b_zero: Any,
-                    y_scale: Any, y_zero: Any) -> Any:  # fmt: skip
+def _qlinear_matmul(xp: Any, node: Node, opset: int, a: Any, a_scale: Any, a_zero: Any, b: Any, b_scale: Any,
+                    b_zero: Any, y_scale: Any, y_zero: Any) -> Any:  # fmt: skip
     acc = _centered(xp, a, a_zero) @ _centered(xp, b, b_zero)
     return _requantize(xp, acc, a_scale * b_scale / y_scale, y_zero, a)
 
 
-op("MatMulInteger", lambda node, opset: lambda *a: _matmul_integer(NUMPY, *a),
-   lambda node, opset: lambda *a: _matmul_integer(TORCH, *a))  # fmt: skip
-op("QLinearMatMul", lambda node, opset: lambda *a: _qlinear_matmul(NUMPY, *a),
-   lambda node, opset: lambda *a: _qlinear_matmul(TORCH, *a))  # fmt: skip
+op("MatMulInteger", *builders(_matmul_integer))
+op("QLinearMatMul", *builders(_qlinear_matmul))
 
 
 def _conv_accumulate(xp: Any, node: Node, x: Any, w: Any, x_zero: Any, w_zero: Any) -> Any:
@@ -167,11 +162,11 @@ def _conv_accumulate(xp: Any, node: Node, x: Any, w: Any, x_zero: Any, w_zero: A
     return conv_im2col(xs, ws, None, win, group) if xp is NUMPY else conv_with_torch(xs, ws, None, win, group)
 
 
-def _conv_integer(xp: Any, node: Node, x: Any, w: Any, x_zero: Any = None, w_zero: Any = None) -> Any:
+def _conv_integer(xp: Any, node: Node, opset: int, x: Any, w: Any, x_zero: Any = None, w_zero: Any = None) -> Any:
     return xp.cast(_conv_accumulate(xp, node, x, w, x_zero, w_zero), xp.dtype("int32"))
 
 
-def _qlinear_conv(xp: Any, node: Node, x: Any, x_scale: Any, x_zero: Any, w: Any, w_scale: Any, w_zero: Any,
+def _qlinear_conv(xp: Any, node: Node, opset: int, x: Any, x_scale: Any, x_zero: Any, w: Any, w_scale: Any, w_zero: Any,
                   y_scale: Any, y_zero: Any, bias: Any = None) -> Any:  # fmt: skip
     acc = _conv_accumulate(xp, node, x, w, x_zero, w_zero)
     rank = acc.ndim - 2
@@ -183,7 +178,5 @@ def _qlinear_conv(xp: Any, node: Node, x: Any, x_scale: Any, x_zero: Any, w: Any
     return _requantize(xp, acc, multiplier, y_zero, x)
 
 
-op("ConvInteger", lambda node, opset: lambda *a: _conv_integer(NUMPY, node, *a),
-   lambda node, opset: lambda *a: _conv_integer(TORCH, node, *a), check=check_auto_pad)  # fmt: skip
-op("QLinearConv", lambda node, opset: lambda *a: _qlinear_conv(NUMPY, node, *a),
-   lambda node, opset: lambda *a: _qlinear_conv(TORCH, node, *a), check=check_auto_pad)  # fmt: skip
+op("ConvInteger", *builders(_conv_integer), check=check_auto_pad)
+op("QLinearConv", *builders(_qlinear_conv), check=check_auto_pad)

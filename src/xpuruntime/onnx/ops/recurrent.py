@@ -18,7 +18,7 @@ import numpy as np
 from ...errors import ShapeError
 from ...graph.ir import GraphError, Node
 from ..errors import UnsupportedModelError
-from .arrays import NUMPY, TORCH
+from .arrays import builders
 from .record import F, Fn, LoadContext, op, to_host, torch
 
 # -- LinearAttention ---------------------------------------------------------------------------------------------
@@ -89,7 +89,9 @@ class _Recurrence:
         self.group = self.q_heads // self.kv_heads
 
 
-def _linear_attention(xp: Any, node: Node, q: Any, k: Any, v: Any, past: Any, decay: Any, beta: Any) -> tuple:
+def _linear_attention(
+    xp: Any, node: Node, opset: int, q: Any, k: Any, v: Any, past: Any = None, decay: Any = None, beta: Any = None
+) -> tuple:
     """S_t = exp(g_t) S_{t-1} + k_t (beta_t (v_t - exp(g_t) S_{t-1}^T k_t))^T for gated delta (the other
     rules drop the decay, the correction or both); o_t = scale q_t^T S_t, each query head reading the state of
     its key-value head. Computed in float32 (float64 for float64 inputs)."""
@@ -115,15 +117,7 @@ def _linear_attention(xp: Any, node: Node, q: Any, k: Any, v: Any, past: Any, de
     return xp.cast(y, q.dtype), xp.cast(state, q.dtype if past is None else past.dtype)
 
 
-def linear_attention(node: Node, opset: int) -> Fn:
-    return lambda q, k, v, past=None, decay=None, beta=None: _linear_attention(NUMPY, node, q, k, v, past, decay, beta)
-
-
-def linear_attention_torch(node: Node, opset: int) -> Fn:
-    return lambda q, k, v, past=None, decay=None, beta=None: _linear_attention(TORCH, node, q, k, v, past, decay, beta)
-
-
-op("LinearAttention", linear_attention, linear_attention_torch, tuple_output=True, check=check_linear_attention)
+op("LinearAttention", *builders(_linear_attention), tuple_output=True, check=check_linear_attention)
 
 
 # -- CausalConvWithState -----------------------------------------------------------------------------------------
@@ -285,7 +279,7 @@ def _cell(xp: Any, node: Node, weights: _Weights, acts: list, xw: Any, h: Any, c
     return o * hact(c), c
 
 
-def _recurrent(xp: Any, node: Node, x: Any, w: Any, r: Any, *rest: Any) -> tuple:
+def _recurrent(xp: Any, node: Node, opset: int, x: Any, w: Any, r: Any, *rest: Any) -> tuple:
     """RNN, GRU or LSTM over the whole sequence, one step at a time (x @ W for all steps at once), each
     direction on its own; steps past a batch's sequence length leave its state alone and output zeros."""
     b, lengths, h0, c0, p = (*rest, None, None, None, None, None)[:5]
@@ -338,6 +332,4 @@ def _recurrent(xp: Any, node: Node, x: Any, w: Any, r: Any, *rest: Any) -> tuple
 
 
 for _op in GATES:
-    op(_op, lambda node, opset: lambda *args: _recurrent(NUMPY, node, *args),
-       lambda node, opset: lambda *args: _recurrent(TORCH, node, *args),
-       host_inputs=(4,), tuple_output=True, check=check_rnn)  # fmt: skip
+    op(_op, *builders(_recurrent), host_inputs=(4,), tuple_output=True, check=check_rnn)

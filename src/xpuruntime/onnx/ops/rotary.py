@@ -9,11 +9,11 @@ from typing import Any
 
 from ...errors import ShapeError
 from ...graph.ir import Node
-from .arrays import NUMPY, TORCH
+from .arrays import NUMPY, builders
 from .record import check_indices, op
 
 
-def _rotary(xp: Any, node: Node, x: Any, cos: Any, sin: Any, positions: Any) -> Any:
+def _rotary(xp: Any, node: Node, opset: int, x: Any, cos: Any, sin: Any, positions: Any = None) -> Any:
     """Each rotated pair (x1, x2) becomes (cos x1 - sin x2, sin x1 + cos x2)."""
     heads, interleaved = node.attrs.get("num_heads", 0), bool(node.attrs.get("interleaved", 0))
     shape = tuple(x.shape)
@@ -44,6 +44,4 @@ def _rotary(xp: Any, node: Node, x: Any, cos: Any, sin: Any, positions: Any) -> 
     return out.reshape(shape) if len(shape) == 3 else xp.permute(out, (0, 2, 1, 3))
 
 
-op("RotaryEmbedding",
-   lambda node, opset: lambda x, cos, sin, positions=None: _rotary(NUMPY, node, x, cos, sin, positions),
-   lambda node, opset: lambda x, cos, sin, positions=None: _rotary(TORCH, node, x, cos, sin, positions))  # fmt: skip
+op("RotaryEmbedding", *builders(_rotary))
