@@ -26,6 +26,7 @@ from . import (  # noqa: F401 (they register)
     sampling,
     shape,
     spectral,
+    text,
 )  # fmt: skip
 from .record import OPS, LoadContext, OpRecord
 
