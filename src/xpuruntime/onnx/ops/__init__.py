@@ -9,6 +9,7 @@ from __future__ import annotations
 from . import (  # noqa: F401 (they register)
     attention,
     bitwise,
+    control,
     conv,
     detection,
     elementwise,

@@ -62,6 +62,15 @@ class NumpyArrays:
         return np.take(x, indices, axis=0)
 
     @staticmethod
+    def select(x: Any, index: int, axis: int) -> Any:
+        """The slice at `index` along `axis` (that axis dropped)."""
+        return np.take(x, index, axis=axis)
+
+    @staticmethod
+    def moveaxis(x: Any, source: int, destination: int) -> Any:
+        return np.moveaxis(x, source, destination)
+
+    @staticmethod
     def sigmoid(x: Any) -> Any:
         return 1 / (1 + np.exp(-x))
 
@@ -118,7 +127,7 @@ class TorchArrays:
 
     @staticmethod
     def from_host(array: np.ndarray, like: Any) -> Any:
-        return as_tensor(np.asarray(array), like.device)
+        return as_tensor(np.asarray(array), getattr(like, "device", "cpu"))
 
     @staticmethod
     def stack(xs: Sequence[Any], axis: int) -> Any:
@@ -143,6 +152,14 @@ class TorchArrays:
     @staticmethod
     def take(x: Any, indices: Any) -> Any:
         return x[indices.long()]
+
+    @staticmethod
+    def select(x: Any, index: int, axis: int) -> Any:
+        return x.select(axis, index)
+
+    @staticmethod
+    def moveaxis(x: Any, source: int, destination: int) -> Any:
+        return torch.movedim(x, source, destination)
 
     @staticmethod
     def sigmoid(x: Any) -> Any:

@@ -142,8 +142,12 @@ def _on_device(fn: Callable, device: Any) -> Callable:
 
 
 def unsupported_on_gpu(graph: Graph) -> list[str]:
-    """The ops of a graph the GPU path cannot run (no PyTorch builder in their record)."""
-    return sorted({n.op for n in graph.nodes if n.domain != XRT_DOMAIN and OPS[n.op].torch is None})
+    """The ops of a graph and its subgraphs the GPU path cannot run (no PyTorch builder in their record)."""
+    missing = {n.op for n in graph.nodes if n.domain != XRT_DOMAIN and OPS[n.op].torch is None}
+    for node in graph.nodes:
+        for body in node.subgraphs():
+            missing.update(unsupported_on_gpu(body))
+    return sorted(missing)
 
 
 class GpuRunner(Runner):
