@@ -159,9 +159,10 @@ def check_loop(node: Node, ctx: LoadContext) -> None:
 
 
 def loop(xp: Any, node: Node, bodies: Bodies) -> Any:
-    """Runs the body while the iteration number is below M (if given) and the condition holds (if given:
-    the body's condition output decides each next step); gives the last loop-carried values and each scan
-    output stacked over the iterations."""
+    """Runs the body while the iteration number is below M (if given) and the condition holds: cond (if given)
+    for the first step, the body's condition output for each next one (also without a cond input, as
+    onnxruntime does; the spec's table says it is then ignored). Gives the last loop-carried values and each
+    scan output stacked over the iterations."""
 
     def run(*args: Any) -> tuple:
         (trip, cond, *carried), captured = _declared(node, args)
@@ -173,7 +174,7 @@ def loop(xp: Any, node: Node, bodies: Bodies) -> Any:
         while going and (most is None or step < most):
             index, flag = xp.from_host(np.array(step, np.int64), like), xp.from_host(np.array(going), like)
             outs = body(outer, [index, flag, *carried], like)
-            going = bool(scalar(outs[0])) if cond is not None else True
+            going = bool(scalar(outs[0]))
             carried = outs[1 : 1 + len(carried)]
             for values, value in zip(scans, outs[1 + len(carried) :]):
                 values.append(value)
