@@ -73,7 +73,7 @@ def dft_torch(node: Node, opset: int) -> Fn:
         out = (torch.fft.ifft if inverse else torch.fft.fft)(signal, n=n, dim=ax)
         if onesided and not inverse:
             out = out.narrow(ax, 0, n // 2 + 1)
-        return torch.view_as_real(out).to(x.dtype)
+        return torch.view_as_real(out.resolve_conj()).to(x.dtype)
 
     return run
 
@@ -121,7 +121,7 @@ def stft_torch(node: Node, opset: int) -> Fn:
         frames = frames[..., 0, :] if signal.shape[2] == 1 else torch.complex(frames[..., 0, :], frames[..., 1, :])
         out = torch.fft.fft(frames, dim=-1)
         out = out[..., : size // 2 + 1] if onesided else out
-        return torch.view_as_real(out).to(signal.dtype)
+        return torch.view_as_real(out.resolve_conj()).to(signal.dtype)
 
     return run
 
