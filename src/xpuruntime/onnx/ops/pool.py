@@ -191,12 +191,13 @@ def unpool_shapes(node: Node, shape: tuple, indices_shape: tuple, output_shape: 
 
 
 def unpool_targets(node: Node, x_shape: tuple, indices: Any, output_shape: Any) -> tuple[np.ndarray, list[int]]:
-    """Where each value of X goes in the flattened output: its index names a cell of the inverted shape,
-    which keeps its coordinates in a larger output_shape."""
-    inverted, out = unpool_shapes(node, x_shape, indices.shape, output_shape)
+    """Where each value of X goes in the flattened output: MaxPool's indices address the tensor it pooled,
+    whose shape output_shape gives back (as onnxruntime and PyTorch read them; the spec's reference reads them
+    in the inverted shape and keeps their coordinates, which differs where the two shapes differ)."""
+    _, out = unpool_shapes(node, x_shape, indices.shape, output_shape)
     flat = np.asarray(indices).reshape(-1).astype(np.int64)
-    check_indices("MaxUnpool", flat, math.prod(inverted), 0, tuple(inverted))
-    return np.ravel_multi_index(np.unravel_index(flat, inverted), out), out
+    check_indices("MaxUnpool", flat, math.prod(out), 0, tuple(out))
+    return flat, out
 
 
 def max_unpool(node: Node, opset: int) -> Fn:
