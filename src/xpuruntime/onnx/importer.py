@@ -17,13 +17,10 @@ from onnx import helper, numpy_helper
 from ..graph.ir import Dim, Graph, GraphError, Node, Value
 from .errors import ModelLoadError, UnsupportedModelError
 from .ops import OPS, SUPPORTED, LoadContext
+from .ops.record import SUPPORTED_DTYPES
 
 MIN_OPSET = 1
 DEFAULT_DOMAINS = ("", "ai.onnx")
-SUPPORTED_DTYPES = frozenset({
-    "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-    "float16", "float32", "float64",
-})  # fmt: skip
 
 
 def load_model(source: Any) -> onnx.ModelProto:

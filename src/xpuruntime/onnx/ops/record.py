@@ -26,6 +26,7 @@ import numpy as np
 
 from ...errors import ArgumentError, ShapeError
 from ...graph.ir import Graph, Node
+from ..errors import UnsupportedModelError
 
 if TYPE_CHECKING:
     import onnx
@@ -76,6 +77,22 @@ class OpRecord:
 
 
 OPS: dict[str, OpRecord] = {}
+SUPPORTED_DTYPES = frozenset(
+    {
+        "bool",
+        "int8",
+        "int16",
+        "int32",
+        "int64",
+        "uint8",
+        "uint16",
+        "uint32",
+        "uint64",
+        "float16",
+        "float32",
+        "float64",
+    }
+)  # fmt: skip  (the tensor dtypes the session runs; bfloat16, float8, 4- and 2-bit types and strings not)
 
 
 def op(
@@ -205,9 +222,6 @@ def check_elem_dtype(attr: str) -> Callable[[Node, LoadContext], None]:
     """A load-time check that the dtype attribute `attr`, if set, names a dtype the session runs."""
 
     def check(node: Node, ctx: LoadContext) -> None:
-        from ..errors import UnsupportedModelError
-        from ..importer import SUPPORTED_DTYPES  # here: the importer imports the op records
-
         try:
             dtype = elem_dtype(node, attr)
             name = None if dtype is None else dtype.name
