@@ -34,7 +34,8 @@ import torch
 import torch.nn.functional as F
 
 import xpuruntime.pytorch as xtorch
-from xpuruntime.pytorch import handback, native_routes
+from xpuruntime.pytorch import native as native_routes
+from xpuruntime.pytorch import tuner as handback
 
 ROOT = Path(__file__).resolve().parents[2]
 spec = importlib.util.spec_from_file_location("train_gpt", ROOT / "examples" / "train_gpt.py")

@@ -45,6 +45,7 @@ class Explanation:
     candidates: list[Candidate]
     decision: Decision | None
     error: Exception | None
+    origin: str = "eager"  # "compile": the decision a compiled graph was built with (see log.ORIGINS)
 
     @property
     def selected(self) -> str | None:
@@ -73,7 +74,8 @@ class Explanation:
             outcome = f"selected '{self.decision.kernel.name}' ({self.decision.reason})"
         else:
             outcome = f"no kernel: {type(self.error).__name__}"
-        return f"{self.ctx.op}({self.ctx.summary()}) under {self.policy!r}: {outcome}"
+        where = " (decided while compiling a graph)" if self.origin == "compile" else ""
+        return f"{self.ctx.op}({self.ctx.summary()}) under {self.policy!r}: {outcome}{where}"
 
     def __str__(self) -> str:
         lines = [self.headline()]

@@ -98,10 +98,16 @@ def pool_case(rng, op: str, rank: int, data) -> tuple:
         attrs["ceil_mode"] = int(data.draw(st.booleans()))
     else:
         attrs["auto_pad"] = data.draw(st.sampled_from(["SAME_UPPER", "SAME_LOWER", "VALID"]))
-    if op == "AveragePool":
+        steps = zip(spatial, kernel, attrs["strides"])
+        if attrs["auto_pad"] != "VALID" and any((-(-n // s) - 1) * s + k < n for n, k, s in steps):
+            attrs["auto_pad"] = "VALID"  # onnxruntime pads SAME negatively there (and reads outside with Indices)
         attrs["count_include_pad"] = int(data.draw(st.booleans()))
     if op == "MaxPool" and data.draw(st.booleans()) and "auto_pad" not in attrs:
         attrs["dilations"] = [data.draw(st.integers(1, 2)) for _ in range(rank)]
+        pads = attrs["pads"]
+        spans = [(k - 1) * d + 1 for k, d in zip(kernel, attrs["dilations"])]
+        if any(w > n + pads[i] + pads[rank + i] for i, (n, w) in enumerate(zip(spatial, spans))):
+            del attrs["dilations"]  # a dilated kernel wider than the padded input: no valid pool
     outputs = ["y", "i"] if op == "MaxPool" and data.draw(st.booleans()) else ["y"]
     node = helper.make_node(op, ["x"], outputs, **attrs)
     out_vi = [vi("y", None)] + ([vi("i", None, TensorProto.INT64)] if len(outputs) == 2 else [])

@@ -1,12 +1,16 @@
 """ONNX model (path, bytes or ModelProto) -> graph IR, with every load-time check in one place.
 
-A model that cannot be parsed raises ModelLoadError; one using ops, domains, opsets or dtypes the
-session cannot run raises UnsupportedModelError listing all of them at once; a broken graph (cycle,
-dangling input, value defined twice) raises GraphError naming the node.
+A model that cannot be parsed, or that no valid ONNX model can be (names that are not UTF-8, negative
+dims, an IR version or opset newer than any ONNX defines, names given twice, an overridable initializer
+whose declared type or shape is not its own), raises ModelLoadError; one using ops, domains, opsets or
+dtypes the session cannot run raises UnsupportedModelError listing all of them at once; a broken graph
+(cycle, dangling input, value defined twice) raises GraphError naming the node.
 """
 
 from __future__ import annotations
 
+import collections
+import functools
 import os
 from typing import Any
 
@@ -49,6 +53,7 @@ def load_model(source: Any) -> onnx.ModelProto:
     return model
 
 
+@functools.lru_cache(maxsize=64)
 def dtype_name(elem_type: int) -> str:
     """ONNX TensorProto element type -> NumPy dtype name ('bfloat16', 'string', ... for the unsupported)."""
     if elem_type == onnx.TensorProto.STRING:
@@ -109,6 +114,8 @@ def _constant_value(node: Node) -> np.ndarray:
 
 
 def _tensor(init: onnx.TensorProto, base_dir: str | None) -> np.ndarray:
+    if any(d < 0 for d in init.dims):
+        raise ModelLoadError(f"initializer '{init.name}' has negative dims {list(init.dims)}")
     try:
         if init.data_location == onnx.TensorProto.EXTERNAL:
             if base_dir is None:
@@ -146,8 +153,51 @@ def overridable_initializers(model: onnx.ModelProto, graph: Graph) -> list[Value
         if array is None or info.name not in names or any(v.name == info.name for v in found):
             continue
         declared = value_of(info)
+        if declared.dtype is not None and declared.dtype != array.dtype.name:
+            raise ModelLoadError(
+                f"graph input '{info.name}' is declared {declared.dtype}, but its initializer holds {array.dtype.name}"
+            )
+        if declared.shape is not None and not _fits(declared.shape, array.shape):
+            raise ModelLoadError(
+                f"graph input '{info.name}' is declared with shape {list(declared.shape)}, but its initializer has "
+                f"shape {list(array.shape)}"
+            )
         found.append(Value(info.name, declared.dtype or array.dtype.name, declared.shape))
     return found
+
+
+def _fits(declared: tuple, shape: tuple[int, ...]) -> bool:
+    return len(declared) == len(shape) and all(not isinstance(d, int) or d == n for d, n in zip(declared, shape))
+
+
+def check_well_formed(model: onnx.ModelProto) -> None:
+    """What no valid ONNX model has, refused with a ModelLoadError naming it: an IR version or a default-domain
+    opset newer than this onnx package defines, names that are not UTF-8, negative declared dims, graph
+    inputs or initializers named twice."""
+    if model.ir_version > onnx.IR_VERSION:
+        raise ModelLoadError(f"IR version {model.ir_version} is newer than any ONNX defines (up to {onnx.IR_VERSION})")
+    newest = onnx.defs.onnx_opset_version()
+    for entry in model.opset_import:
+        if entry.domain in DEFAULT_DOMAINS and entry.version > newest:
+            raise ModelLoadError(f"opset {entry.version} is newer than any ONNX defines (up to {newest})")
+    g = model.graph
+    for index, proto in enumerate(g.node):
+        fields = [proto.op_type, proto.domain, proto.name, *proto.input, *proto.output]
+        if not all(isinstance(f, str) for f in fields):
+            raise ModelLoadError(f"node {index}: its op type, domain, name or a value name is not valid UTF-8")
+    for what, infos in (("input", g.input), ("output", g.output), ("value_info", g.value_info)):
+        for info in infos:
+            if not isinstance(info.name, str):
+                raise ModelLoadError(f"a graph {what}'s name is not valid UTF-8")
+            dims = info.type.tensor_type.shape.dim if info.type.HasField("tensor_type") else []
+            if any(d.HasField("dim_value") and d.dim_value < 0 for d in dims):
+                raise ModelLoadError(f"graph {what} '{info.name}' declares negative dims")
+    for what, names in (("initializer", [i.name for i in g.initializer]), ("graph input", [i.name for i in g.input])):
+        if not all(isinstance(n, str) for n in names):
+            raise ModelLoadError(f"an {what}'s name is not valid UTF-8")
+        twice = sorted(n for n, count in collections.Counter(names).items() if count > 1)
+        if twice:
+            raise ModelLoadError(f"{what}(s) {twice} are given more than once")
 
 
 def opset_of(model: onnx.ModelProto) -> int:
@@ -159,6 +209,7 @@ def opset_of(model: onnx.ModelProto) -> int:
 
 def import_model(model: onnx.ModelProto, base_dir: str | None = None) -> Graph:
     """Build the graph IR of `model`; raises the load-time errors described in the module docstring."""
+    check_well_formed(model)
     opset = opset_of(model)
     if opset < MIN_OPSET:
         raise UnsupportedModelError(f"opset {opset} is too old; the session supports opset {MIN_OPSET} and newer")

@@ -43,5 +43,6 @@ class SessionOptions:
     profile_file_prefix: str = "xrt_profile"
     enable_mem_reuse: bool = True  # share buffers between values whose lifetimes do not overlap
     enable_cuda_graph: bool = True  # capture and replay a CUDA graph per static input signature (GPU)
-    max_cached_plans: int = 0  # plans kept (one per input signature), least recently used dropped; 0: no bound
-    max_cached_plan_bytes: int = 0  # memory the kept plans may hold; 0: no bound
+    max_tensor_bytes: int = 0  # a node output larger is refused before it is allocated; 0: the device's memory
+    max_cached_plans: int = 64  # plans kept (one per input signature), least recently used dropped; 0: no bound
+    max_cached_plan_bytes: int = 256 << 20  # memory they may hold besides the shared buffer arena; 0: no bound

@@ -4,6 +4,8 @@ and the types ONNX's shape inference gives the graph's values."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import onnx
 
@@ -16,13 +18,17 @@ from .ops import OPS
 class OnnxSemantics:
     """ONNX ops as the op records define them (see graph.passes.OpSemantics)."""
 
-    def evaluate(self, node: Node, args: list[np.ndarray | None], opset: int) -> list[np.ndarray] | None:
+    def evaluate(
+        self, node: Node, args: list[np.ndarray | None], opset: int, max_elements: int
+    ) -> list[np.ndarray] | None:
         """The node's outputs for these constant inputs; None when it cannot be computed now (run time will
-        say why, naming the node)."""
+        say why, naming the node) or its record estimates an output of more than `max_elements`."""
         record = OPS.get(node.op) if not node.domain else None
         if record is None:
             return None
         try:
+            if record.size is not None and math.prod(record.size(node, args, opset)[0]) > max_elements:
+                return None
             with np.errstate(all="ignore"):
                 result = record.numpy(node, opset)(*args)
         except Exception:

@@ -38,8 +38,11 @@ from . import (
 class OpSemantics(Protocol):
     """What the passes may ask about the graph's ops (the front end that made the graph answers)."""
 
-    def evaluate(self, node: Node, args: list[np.ndarray | None], opset: int) -> list[np.ndarray] | None:
-        """The node's outputs for these constant inputs, or None when it cannot be computed now."""
+    def evaluate(
+        self, node: Node, args: list[np.ndarray | None], opset: int, max_elements: int
+    ) -> list[np.ndarray] | None:
+        """The node's outputs for these constant inputs, or None when it cannot be computed now or an output
+        would have more than `max_elements` (estimated before computing)."""
 
     def infer_types(self, graph: Graph) -> list[Value]:
         """Types (dtype, shape) of values the graph's nodes produce, as far as they can be inferred."""
@@ -48,7 +51,9 @@ class OpSemantics(Protocol):
 class NoSemantics:
     """Knows nothing: constant folding folds only shapes that are known, shape inference infers nothing."""
 
-    def evaluate(self, node: Node, args: list[np.ndarray | None], opset: int) -> list[np.ndarray] | None:
+    def evaluate(
+        self, node: Node, args: list[np.ndarray | None], opset: int, max_elements: int
+    ) -> list[np.ndarray] | None:
         return None
 
     def infer_types(self, graph: Graph) -> list[Value]:
@@ -115,6 +120,7 @@ def optimize(
             raise
         except Exception as exc:  # a pass must never crash a session on an odd graph: say which one
             raise GraphError(f"graph pass '{name}' failed on this graph: {type(exc).__name__}: {exc}") from exc
-        work.verify()
+        if changes:
+            work.verify()
         records.append(PassRecord(name, before, len(work.nodes), changes))
     return work, records

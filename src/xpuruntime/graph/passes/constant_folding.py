@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -15,9 +16,21 @@ if TYPE_CHECKING:
 MAX_FOLDED_ELEMENTS = 1 << 20
 
 
+def _too_large(graph: Graph, node: Node) -> bool:
+    """Whether shape inference says an output has more elements than folding keeps (checked before computing)."""
+    for name in node.outputs:
+        shape = graph.value(name).shape if name else None
+        if shape is not None and all(isinstance(d, int) for d in shape) and math.prod(shape) > MAX_FOLDED_ELEMENTS:
+            return True
+    return False
+
+
 def _evaluate(graph: Graph, node: Node, ctx: PassContext) -> list[np.ndarray] | None:
+    if _too_large(graph, node):
+        return None
     args = [graph.constant(n) if n else None for n in node.inputs]
-    arrays = ctx.semantics.evaluate(node, args, graph.opset)  # None: left to run time, whose error names the node
+    # None: too large to fold (the semantics estimate the outputs before computing), or left to run time
+    arrays = ctx.semantics.evaluate(node, args, graph.opset, MAX_FOLDED_ELEMENTS)
     if arrays is None:
         return None
     return arrays if all(a.size <= MAX_FOLDED_ELEMENTS for a in arrays) else None

@@ -6,7 +6,7 @@ call `op(...)` with the facts about it; importing the module here registers it. 
 
 from __future__ import annotations
 
-from . import (  # noqa: F401 (they register)
+from . import (
     attention,
     bitwise,
     control,
@@ -28,9 +28,32 @@ from . import (  # noqa: F401 (they register)
     shape,
     spectral,
     text,
-)  # fmt: skip
+)
 from .record import OPS, LoadContext, OpRecord
 
+FAMILIES = (
+    attention,
+    bitwise,
+    control,
+    conv,
+    detection,
+    elementwise,
+    indexing,
+    linalg,
+    losses,
+    nn,
+    pad,
+    pool,
+    quantize,
+    recurrent,
+    reduce,
+    resize,
+    rotary,
+    sampling,
+    shape,
+    spectral,
+    text,
+)  # importing a family's module registers its ops
 SUPPORTED = frozenset(OPS) | {"Constant"}  # Constant nodes become initializers when the model is loaded
 
 __all__ = ["OPS", "SUPPORTED", "LoadContext", "OpRecord"]

@@ -15,7 +15,7 @@ import onnx
 
 from ...errors import ShapeError
 from ...graph.ir import Node
-from .record import op, torch, torch_dtype
+from .record import itemsize, op, torch, torch_dtype
 
 QK_MODES = (0, 1, 2, 3)  # the qk output: as multiplied (softcapped), the same, with the mask added, after softmax
 
@@ -223,5 +223,14 @@ def _host(x: Any) -> Any:
     return x.detach().cpu().numpy() if hasattr(x, "detach") else x
 
 
+def attention_size(node: Node, args: list, opset: int) -> tuple[tuple[int, ...], int]:
+    """The (B, heads, queries, keys) scores, the largest thing attention makes."""
+    q, k = args[0], args[1]
+    heads = q.shape[1] if len(q.shape) == 4 else int(node.attrs.get("q_num_heads") or 1)
+    past = args[4].shape[2] if len(args) > 4 and args[4] is not None and len(args[4].shape) == 4 else 0
+    return (q.shape[0], heads, q.shape[-2], k.shape[-2] + past), itemsize(q)
+
+
 op("Attention", lambda node, opset: lambda *args: attention(_Numpy, node, *args),
-   lambda node, opset: lambda *args: attention(_Torch, node, *args), tuple_output=True, host_inputs=(6,))  # fmt: skip
+   lambda node, opset: lambda *args: attention(_Torch, node, *args), tuple_output=True, host_inputs=(6,),
+   size=attention_size)  # fmt: skip

@@ -10,7 +10,7 @@ import numpy as np
 from ...errors import ArgumentError
 from ...graph.ir import Node
 from ..errors import UnsupportedModelError
-from .record import Fn, LoadContext, check_elem_dtype, elem_dtype, op, torch, torch_dtype
+from .record import Fn, LoadContext, broadcast_size, check_elem_dtype, elem_dtype, op, torch, torch_dtype
 
 
 # -- BitShift -----------------------------------------------------------------------------------------------
@@ -64,7 +64,7 @@ def bitshift_torch(node: Node, opset: int) -> Fn:
     return run
 
 
-op("BitShift", bitshift, bitshift_torch, check=check_bitshift)
+op("BitShift", bitshift, bitshift_torch, check=check_bitshift, size=broadcast_size)
 
 
 # -- BitwiseAnd / Or / Xor / Not -----------------------------------------------------------------------------
@@ -74,7 +74,8 @@ for _name, _numpy, _torch in (
     ("BitwiseXor", np.bitwise_xor, "bitwise_xor"),
     ("BitwiseNot", np.invert, "bitwise_not"),
 ):
-    op(_name, lambda node, opset, fn=_numpy: fn, lambda node, opset, name=_torch: getattr(torch, name))
+    size = None if _name == "BitwiseNot" else broadcast_size
+    op(_name, lambda node, opset, fn=_numpy: fn, lambda node, opset, name=_torch: getattr(torch, name), size=size)
 
 
 # -- BitCast -------------------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from ...errors import ArgumentError, ShapeError, XpuRuntimeError
 from ...graph.ir import Graph, GraphError, Node
 from ..errors import NodeExecutionError, UnsupportedModelError
 from .arrays import NUMPY, TORCH
-from .record import OPS, LoadContext, op, scalar, to_host
+from .record import OPS, LoadContext, on_host, op, scalar, to_host
 
 
 class Body:
@@ -32,9 +32,7 @@ class Body:
             if node.domain:
                 raise UnsupportedModelError(f"{node.describe()}: domain '{node.domain}' inside a subgraph")
             record = OPS[node.op]
-            build = record.numpy if xp is NUMPY else record.torch
-            if build is None:
-                raise UnsupportedModelError(f"{node.describe()}: {node.op} has no GPU implementation (in a subgraph)")
+            build = record.numpy if xp is NUMPY else record.torch or on_host(record.numpy)  # as the GPU runner
             self.steps.append((node, build(node, opset), record.tuple_output))
         self._constants: dict[Any, dict[str, Any]] = {}  # per device: the subgraph's initializers
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from ...errors import ShapeError
 from ...graph.ir import Node
-from .record import F, Fn, ints, on_host, op, torch
+from .record import F, Fn, ints, itemsize, on_host, op, torch
 from .window import Window, check_auto_pad, numpy_windows, torch_pad_widths, window
 
 CPU_TORCH = importlib.util.find_spec("torch") is not None  # the CPU path's fast kernels (tests turn it off)
@@ -211,7 +211,20 @@ def conv_transpose_torch(node: Node, opset: int) -> Fn:
     return run
 
 
-op("ConvTranspose", conv_transpose, conv_transpose_torch, check=check_auto_pad)
+def conv_transpose_size(node: Node, args: list, opset: int) -> tuple[tuple[int, ...], int]:
+    x, w, *_ = args
+    geometry, group = transpose_geometry(node, x, w)
+    full = [
+        s * (i - 1) + e + (k - 1) * d + 1 + lead - b - end
+        for s, i, e, k, d, lead, b, end in zip(
+            geometry["strides"], x.shape[2:], geometry["extra"], w.shape[2:], geometry["dilations"],
+            geometry["lead"], geometry["begin"], geometry["end"],
+        )
+    ]  # fmt: skip
+    return (x.shape[0], w.shape[1] * group, *full), itemsize(x)
+
+
+op("ConvTranspose", conv_transpose, conv_transpose_torch, check=check_auto_pad, size=conv_transpose_size)
 
 
 # -- Col2Im -----------------------------------------------------------------------------------------------------------
@@ -318,4 +331,4 @@ def deform_conv(node: Node, opset: int) -> Fn:
     return run
 
 
-op("DeformConv", deform_conv, on_host(deform_conv), check=check_auto_pad)
+op("DeformConv", deform_conv, check=check_auto_pad)

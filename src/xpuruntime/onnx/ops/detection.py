@@ -15,7 +15,7 @@ import numpy as np
 from ...errors import ArgumentError, ShapeError
 from ...graph.ir import Node
 from ..errors import UnsupportedModelError
-from .record import Fn, LoadContext, on_host, op, scalar
+from .record import Fn, LoadContext, op, scalar
 
 
 # -- NonMaxSuppression -------------------------------------------------------------------------------------------
@@ -78,7 +78,7 @@ def non_max_suppression(node: Node, opset: int) -> Fn:
     return run
 
 
-op("NonMaxSuppression", non_max_suppression, on_host(non_max_suppression), shape_inputs=(0, 1, 2),
+op("NonMaxSuppression", non_max_suppression, shape_inputs=(0, 1, 2),
    host_inputs=(3, 4))  # fmt: skip
 
 
@@ -151,4 +151,4 @@ def roi_align(node: Node, opset: int) -> Fn:
     return run
 
 
-op("RoiAlign", roi_align, on_host(roi_align), check=check_roi_align)
+op("RoiAlign", roi_align, check=check_roi_align)

@@ -14,7 +14,7 @@ from ...backends.cpu.fused_elementwise import erf
 from ...errors import ShapeError
 from ...graph.ir import GraphError, Node
 from ..errors import UnsupportedModelError
-from .record import Builder, F, Fn, LoadContext, op, torch, torch_dtype
+from .record import Builder, F, Fn, LoadContext, broadcast_size, op, torch, torch_dtype
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
@@ -196,7 +196,7 @@ def prelu_torch(node: Node, opset: int) -> Fn:
     return run
 
 
-op("PRelu", prelu, prelu_torch)
+op("PRelu", prelu, prelu_torch, size=broadcast_size)
 
 
 def swiglu(node: Node, opset: int) -> Fn:
@@ -295,9 +295,9 @@ BINARY: dict[str, tuple[Builder, Builder]] = {
     "Xor": (_plain(np.logical_xor), _lazy("torch.logical_xor")),
 }
 for _name, (_numpy, _torch) in BINARY.items():  # the ops of opsets 1 to 6 with `broadcast` and `axis`
-    op(_name, _numpy, _torch, upgrade=legacy_broadcast)
-op("GreaterOrEqual", _plain(np.greater_equal), _lazy("torch.ge"))
-op("LessOrEqual", _plain(np.less_equal), _lazy("torch.le"))
+    op(_name, _numpy, _torch, upgrade=legacy_broadcast, size=broadcast_size)
+op("GreaterOrEqual", _plain(np.greater_equal), _lazy("torch.ge"), size=broadcast_size)
+op("LessOrEqual", _plain(np.less_equal), _lazy("torch.le"), size=broadcast_size)
 
 
 def mod(node: Node, opset: int) -> Fn:
@@ -309,7 +309,7 @@ def mod_torch(node: Node, opset: int) -> Fn:
     return lambda a, b: torch.fmod(a, b) if node.attrs.get("fmod", 0) else torch.remainder(a, b)
 
 
-op("Mod", mod, mod_torch)
+op("Mod", mod, mod_torch, size=broadcast_size)
 
 
 # -- variadic ops ----------------------------------------------------------------------------------------------
@@ -318,12 +318,13 @@ def _total(xs: tuple) -> Any:
 
 
 op("Max", _keep_dtype(lambda *xs: functools.reduce(np.maximum, xs)),
-   _plain(lambda *xs: functools.reduce(torch.maximum, xs)))  # fmt: skip
+   _plain(lambda *xs: functools.reduce(torch.maximum, xs)), size=broadcast_size)  # fmt: skip
 op("Min", _keep_dtype(lambda *xs: functools.reduce(np.minimum, xs)),
-   _plain(lambda *xs: functools.reduce(torch.minimum, xs)))  # fmt: skip
-op("Sum", _keep_dtype(lambda *xs: _total(xs)), _plain(lambda *xs: _total(xs)))
-op("Mean", _keep_dtype(lambda *xs: _total(xs) / len(xs)), _plain(lambda *xs: (_total(xs) / len(xs)).to(xs[0].dtype)))
-op("Where", _plain(np.where), _lazy("torch.where"))
+   _plain(lambda *xs: functools.reduce(torch.minimum, xs)), size=broadcast_size)  # fmt: skip
+op("Sum", _keep_dtype(lambda *xs: _total(xs)), _plain(lambda *xs: _total(xs)), size=broadcast_size)
+op("Mean", _keep_dtype(lambda *xs: _total(xs) / len(xs)), _plain(lambda *xs: (_total(xs) / len(xs)).to(xs[0].dtype)),
+   size=broadcast_size)  # fmt: skip
+op("Where", _plain(np.where), _lazy("torch.where"), size=broadcast_size)
 
 
 # -- Clip and casts --------------------------------------------------------------------------------------------

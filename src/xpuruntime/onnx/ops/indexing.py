@@ -12,7 +12,7 @@ import numpy as np
 from ...errors import ArgumentError, ShapeError
 from ...graph.ir import Node
 from ..errors import UnsupportedModelError
-from .record import Fn, LoadContext, axis_index, check_indices, on_host, op, to_host, torch
+from .record import Fn, LoadContext, axis_index, check_indices, itemsize, op, to_host, torch
 
 
 def gather(node: Node, opset: int) -> Fn:
@@ -39,7 +39,13 @@ def gather_torch(node: Node, opset: int) -> Fn:
     return run
 
 
-op("Gather", gather, gather_torch)
+def gather_size(node: Node, args: list, opset: int) -> tuple[tuple[int, ...], int]:
+    x, indices = args
+    ax = node.attrs.get("axis", 0) % max(len(x.shape), 1)
+    return (*x.shape[:ax], *indices.shape, *x.shape[ax + 1 :]), itemsize(x)
+
+
+op("Gather", gather, gather_torch, size=gather_size)
 
 
 def gather_elements(node: Node, opset: int) -> Fn:
@@ -105,7 +111,13 @@ def gather_nd_torch(node: Node, opset: int) -> Fn:
     return run
 
 
-op("GatherND", gather_nd, gather_nd_torch)
+def gather_nd_size(node: Node, args: list, opset: int) -> tuple[tuple[int, ...], int]:
+    data, indices = args
+    rest = tuple(data.shape[int(node.attrs.get("batch_dims", 0)) + indices.shape[-1] :]) if indices.shape else ()
+    return (*indices.shape[:-1], *rest), itemsize(data)
+
+
+op("GatherND", gather_nd, gather_nd_torch, size=gather_nd_size)
 
 
 # -- ScatterND and ScatterElements -------------------------------------------------------------------------------------
@@ -240,7 +252,14 @@ def one_hot_torch(node: Node, opset: int) -> Fn:
     return run
 
 
-op("OneHot", one_hot, one_hot_torch, shape_inputs=(1,), host_inputs=(0,))
+def one_hot_size(node: Node, args: list, opset: int) -> tuple[tuple[int, ...], int]:
+    indices, depth, values = args
+    shape = list(indices.shape)
+    shape.insert(node.attrs.get("axis", -1) % (len(shape) + 1), int(np.asarray(to_host(depth)).reshape(-1)[0]))
+    return tuple(shape), itemsize(values)
+
+
+op("OneHot", one_hot, one_hot_torch, shape_inputs=(1,), host_inputs=(0,), size=one_hot_size)
 
 
 # -- Compress and NonZero -----------------------------------------------------------------------------------
@@ -303,7 +322,7 @@ def unique(node: Node, opset: int) -> Fn:
     return run
 
 
-op("Unique", unique, on_host(unique), shape_inputs=(0,), tuple_output=True)
+op("Unique", unique, shape_inputs=(0,), tuple_output=True)  # the GPU path: on the host
 
 
 # -- ReverseSequence ----------------------------------------------------------------------------------------

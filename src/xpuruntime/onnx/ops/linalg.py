@@ -8,7 +8,7 @@ import numpy as np
 
 from ...errors import ShapeError
 from ...graph.ir import Node
-from .record import Fn, Lowered, ints, is_float, op, torch
+from .record import Fn, Lowered, ints, is_float, itemsize, op, torch
 
 
 def lower_matmul(node: Node, args: list, opset: int) -> Lowered | None:
@@ -18,7 +18,20 @@ def lower_matmul(node: Node, args: list, opset: int) -> Lowered | None:
     return None
 
 
-op("MatMul", lambda node, opset: np.matmul, lambda node, opset: torch.matmul, lower=lower_matmul)
+def matmul_size(node: Node, args: list, opset: int) -> tuple[tuple[int, ...], int]:
+    """MatMul's output: the batch dims broadcast, then (M, N) (1-D operands as NumPy promotes them)."""
+    a, b = (tuple(x.shape) for x in args)
+    if not a or not b:
+        return (), itemsize(args[0])
+    a2, b2 = (a if len(a) > 1 else (1, *a)), (b if len(b) > 1 else (*b, 1))
+    try:
+        batch = tuple(np.broadcast_shapes(a2[:-2], b2[:-2]))
+    except ValueError:
+        batch = ()
+    return (*batch, a2[-2], b2[-1]), itemsize(args[0])
+
+
+op("MatMul", lambda node, opset: np.matmul, lambda node, opset: torch.matmul, lower=lower_matmul, size=matmul_size)
 
 
 def gemm(node: Node, opset: int) -> Fn:

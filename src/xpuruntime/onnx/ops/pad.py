@@ -10,7 +10,7 @@ import numpy as np
 from ...errors import ShapeError
 from ...graph.ir import GraphError, Node
 from ..errors import UnsupportedModelError
-from .record import DeviceCache, Fn, LoadContext, axis_index, ints, op, to_host
+from .record import DeviceCache, Fn, LoadContext, axis_index, ints, itemsize, op, to_host
 
 PAD_MODES = ("constant", "reflect", "edge", "wrap")
 
@@ -121,4 +121,11 @@ def pad_torch(node: Node, opset: int) -> Fn:
     return run
 
 
-op("Pad", pad, pad_torch, shape_inputs=(1, 3), host_inputs=(2,), upgrade=pad_2, check=check_pad)
+def pad_size(node: Node, args: list, opset: int) -> tuple[tuple[int, ...], int]:
+    x, pads, *rest = args
+    axes = rest[1] if len(rest) > 1 else None
+    widths = pad_widths("Pad", tuple(x.shape), pads, axes)
+    return tuple(n + b + e for n, (b, e) in zip(x.shape, widths)), itemsize(x)
+
+
+op("Pad", pad, pad_torch, shape_inputs=(1, 3), host_inputs=(2,), upgrade=pad_2, check=check_pad, size=pad_size)

@@ -58,6 +58,7 @@ class LoadContext:
 
 Upgrade = Callable[[Node, LoadContext], None]
 Check = Callable[[Node, LoadContext], None]
+Size = Callable[[Node, list, int], tuple[tuple[int, ...], int]]  # (largest output's shape, its itemsize)
 
 
 @dataclass(frozen=True)
@@ -74,25 +75,14 @@ class OpRecord:
     upgrade: Upgrade | None = None  # rewrites old-opset forms of a node, at load time
     check: Check | None = None  # raises UnsupportedModelError for attribute values the session declines
     lower: Lowering | None = None  # the xrt op that runs the node through the selector, if any
+    size: Size | None = None  # its largest output, from the inputs, for ops whose outputs can outgrow them
 
 
 OPS: dict[str, OpRecord] = {}
-SUPPORTED_DTYPES = frozenset(
-    {
-        "bool",
-        "int8",
-        "int16",
-        "int32",
-        "int64",
-        "uint8",
-        "uint16",
-        "uint32",
-        "uint64",
-        "float16",
-        "float32",
-        "float64",
-    }
-)  # fmt: skip  (the tensor dtypes the session runs; bfloat16, float8, 4- and 2-bit types and strings not)
+# the tensor dtypes the session runs (not bfloat16, the float 8, 4 and 2-bit types, strings)
+SUPPORTED_DTYPES = frozenset({
+    "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16", "float32", "float64",
+})  # fmt: skip
 
 
 def op(
@@ -179,6 +169,24 @@ def dtype_name(x: Any) -> str | None:
     return dtype.name if isinstance(dtype, np.dtype) else str(dtype).removeprefix("torch.")
 
 
+def itemsize(x: Any) -> int:
+    """Bytes per element of an array or tensor (8 for anything else)."""
+    dtype = getattr(x, "dtype", None)
+    if isinstance(dtype, np.dtype):
+        return dtype.itemsize
+    return int(getattr(dtype, "itemsize", 8))
+
+
+def broadcast_size(node: Node, args: list, opset: int) -> tuple[tuple[int, ...], int]:
+    """The output of a broadcasting elementwise op: the inputs' shapes broadcast together."""
+    arrays = [a for a in args if a is not None]
+    try:
+        shape = tuple(np.broadcast_shapes(*(tuple(a.shape) for a in arrays)))
+    except ValueError:
+        shape = ()  # not broadcastable: the op's own error says so
+    return shape, max((itemsize(a) for a in arrays), default=8)
+
+
 def is_float(x: Any) -> bool:
     """Whether `x` holds a float dtype the xrt kernels take."""
     return dtype_name(x) in KERNEL_FLOATS
@@ -233,19 +241,20 @@ def check_elem_dtype(attr: str) -> Callable[[Node, LoadContext], None]:
     return check
 
 
-def on_host(numpy_builder: Builder) -> Builder:
+def on_host(numpy_builder: Builder, device: Any = None) -> Builder:
     """A PyTorch builder that runs the NumPy function on host copies of the inputs and moves the results to
-    the inputs' device: for ops with data-dependent output shapes and sequential logic (Unique, NMS), where
-    a device kernel would sync for the shape anyway."""
+    `device` (default: the first tensor input's): how the GPU path runs an op without a PyTorch function, as
+    onnxruntime falls back to its CPU provider, and a few ops' forms PyTorch lacks. A sync per call: the plan
+    still runs, but a CUDA graph cannot capture it."""
 
     def build(node: Node, opset: int) -> Fn:
         fn = numpy_builder(node, opset)
 
         def run(*args: Any) -> Any:
-            device = next((a.device for a in args if hasattr(a, "device")), None)
+            where = device if device is not None else next((a.device for a in args if hasattr(a, "device")), "cpu")
             result = fn(*(to_host(a) for a in args))
-            move = lambda r: as_tensor(np.asarray(r), device)  # noqa: E731
-            return tuple(move(r) for r in result) if isinstance(result, tuple) else move(result)
+            move = lambda r: as_tensor(np.asarray(r), where)  # noqa: E731
+            return tuple(move(r) for r in result) if isinstance(result, tuple | list) else move(result)
 
         return run
 

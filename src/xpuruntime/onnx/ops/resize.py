@@ -33,7 +33,7 @@ import numpy as np
 from ...errors import ArgumentError, ShapeError
 from ...graph.ir import GraphError, Node
 from ..errors import UnsupportedModelError
-from .record import DeviceCache, Fn, LoadContext, dtype_name, op, to_host, torch, torch_dtype
+from .record import DeviceCache, Fn, LoadContext, dtype_name, itemsize, op, to_host, torch, torch_dtype
 
 MODES = ("nearest", "linear", "cubic")
 COORDINATES = (
@@ -447,5 +447,24 @@ def resize_numpy(node: Node, opset: int) -> Fn:
     return lambda x, *rest: resize(spec, x, *rest)
 
 
-op("Resize", resize_numpy, resize_torch, shape_inputs=(1, 2, 3), check=check_resize)
-op("Upsample", resize_numpy, resize_torch, shape_inputs=(1,), upgrade=upsample_7, check=check_resize)
+def resize_size(node: Node, args: list, opset: int) -> tuple[tuple[int, ...], int]:
+    spec = resize_spec(node, opset)
+    x, *rest = args
+    _, scales, sizes = split_inputs(spec, tuple(rest))
+    return _output_shape(spec, tuple(x.shape), _floats(to_host(scales)), _ints(to_host(sizes))), max(itemsize(x), 4)
+
+
+def _output_shape(spec: ResizeSpec, shape: tuple, scales: tuple | None, sizes: tuple | None) -> tuple:
+    """The output shape alone (no taps: those would be as long as the axes)."""
+    axes = _axes(spec, len(shape))
+    if (scales is None) == (sizes is None) or len(scales or sizes) != len(axes):
+        return shape  # the op's own error says what is wrong
+    out_sizes, _ = _sizes_and_scales(spec, shape, axes, scales, sizes)
+    out = list(shape)
+    for axis, n in zip(axes, out_sizes):
+        out[axis] = n
+    return tuple(out)
+
+
+op("Resize", resize_numpy, resize_torch, shape_inputs=(1, 2, 3), check=check_resize, size=resize_size)
+op("Upsample", resize_numpy, resize_torch, shape_inputs=(1,), upgrade=upsample_7, check=check_resize, size=resize_size)

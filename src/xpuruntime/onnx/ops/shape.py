@@ -21,6 +21,7 @@ from .record import (
     dtype_name,
     elem_dtype,
     ints,
+    itemsize,
     op,
     scalar,
     to_host,
@@ -173,8 +174,18 @@ def concat_3(node: Node, ctx: LoadContext) -> None:
         node.attrs.setdefault("axis", 1)
 
 
+def concat_size(node: Node, args: list, opset: int) -> tuple[tuple[int, ...], int]:
+    arrays = [a for a in args if a is not None]
+    shape = list(arrays[0].shape)
+    if shape:
+        ax = node.attrs.get("axis", 0) % len(shape)
+        shape[ax] = sum(a.shape[ax] if len(a.shape) == len(shape) else 0 for a in arrays)
+    return tuple(shape), itemsize(arrays[0])
+
+
 op("Concat", lambda node, opset: lambda *xs: np.concatenate(xs, axis=node.attrs["axis"]),
-   lambda node, opset: lambda *xs: torch.cat(xs, dim=node.attrs["axis"]), upgrade=concat_3)  # fmt: skip
+   lambda node, opset: lambda *xs: torch.cat(xs, dim=node.attrs["axis"]), upgrade=concat_3,
+   size=concat_size)  # fmt: skip
 
 
 def split_sizes(node: Node, x_shape: tuple[int, ...], split: Any) -> tuple[int, list[int]]:
@@ -276,9 +287,19 @@ def expanded_shape(x_shape: tuple[int, ...], target: Any) -> tuple[int, ...]:
         raise ShapeError(f"Expand: shape {tuple(x_shape)} cannot be broadcast to {tuple(ints(target))}") from None
 
 
+def expand_size(node: Node, args: list, opset: int) -> tuple[tuple[int, ...], int]:
+    return expanded_shape(tuple(args[0].shape), args[1]), itemsize(args[0])
+
+
 op("Expand", lambda node, opset: lambda x, target: np.broadcast_to(x, expanded_shape(x.shape, target)),
    lambda node, opset: lambda x, target: x.expand(expanded_shape(tuple(x.shape), target)),
-   shape_inputs=(1,))  # fmt: skip
+   shape_inputs=(1,), size=expand_size)  # fmt: skip
+
+
+def tile_size(node: Node, args: list, opset: int) -> tuple[tuple[int, ...], int]:
+    x = args[0]
+    repeats = tile_repeats(opset, len(x.shape), *args[1:])
+    return tuple(n * r for n, r in zip(x.shape, repeats)), itemsize(x)
 
 
 def tile_repeats(opset: int, ndim: int, repeats: Any, axis: Any = None) -> list[int]:
@@ -292,7 +313,7 @@ def tile_repeats(opset: int, ndim: int, repeats: Any, axis: Any = None) -> list[
 
 op("Tile", lambda node, opset: lambda x, *rest: np.tile(x, tile_repeats(opset, x.ndim, *rest)),
    lambda node, opset: lambda x, *rest: x.repeat(*tile_repeats(opset, x.dim(), *rest)),
-   shape_inputs=(1, 2))  # fmt: skip
+   shape_inputs=(1, 2), size=tile_size)  # fmt: skip
 
 
 # -- Range and ConstantOfShape ----------------------------------------------------------------------------------
@@ -320,7 +341,12 @@ def range_torch(node: Node, opset: int) -> Fn:
     return run
 
 
-op("Range", range_, range_torch, shape_inputs=(0, 1, 2))
+def range_size(node: Node, args: list, opset: int) -> tuple[tuple[int, ...], int]:
+    start, limit, delta = (float(scalar(v)) for v in args)
+    return (range_length(start, limit, delta),), itemsize(args[0])
+
+
+op("Range", range_, range_torch, shape_inputs=(0, 1, 2), size=range_size)
 
 
 def constant_fill(node: Node) -> np.ndarray:
@@ -346,7 +372,8 @@ def constant_of_shape_torch(node: Node, opset: int) -> Fn:
     return lambda target: torch.full(constant_dims(target), fill[0].item(), dtype=torch_dtype(fill.dtype.name))
 
 
-op("ConstantOfShape", constant_of_shape, constant_of_shape_torch, shape_inputs=(0,))
+op("ConstantOfShape", constant_of_shape, constant_of_shape_torch, shape_inputs=(0,),
+   size=lambda node, args, opset: (tuple(constant_dims(args[0])), constant_fill(node).dtype.itemsize))  # fmt: skip
 
 
 # -- SpaceToDepth and DepthToSpace ------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ import numpy as np
 from ...errors import ShapeError
 from ...graph.ir import Node
 from ..errors import UnsupportedModelError
-from .record import Fn, LoadContext, on_host, op
+from .record import Fn, LoadContext, op
 
 MODES = ("TF", "IDF", "TFIDF")
 
@@ -69,4 +69,4 @@ def tfidf(node: Node, opset: int) -> Fn:
     return run
 
 
-op("TfIdfVectorizer", tfidf, on_host(tfidf), check=check_tfidf)
+op("TfIdfVectorizer", tfidf, check=check_tfidf)

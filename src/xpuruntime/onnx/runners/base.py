@@ -4,6 +4,7 @@ plan cache keyed by input signature."""
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -44,6 +45,14 @@ class Runner:
         self.lock = threading.Lock()  # one planning at a time
         self.fns: dict[int, Any] = {}  # id(node) -> step function, built once per runner
 
+    def tensor_limit(self) -> int:
+        """The most bytes one node output may take: SessionOptions.max_tensor_bytes, else the device's memory."""
+        return self.options.max_tensor_bytes or self.device_memory()
+
+    def device_memory(self) -> int:
+        """Bytes of memory of the device the runner computes on (the host's here)."""
+        return host_memory()
+
     def run(self, variant: GraphVariant, feed: Mapping[str, Any]) -> list:
         """The graph's outputs for a feed whose names the session has checked."""
         raise NotImplementedError
@@ -75,3 +84,11 @@ class Runner:
     def key(self, variant: GraphVariant, signature: list[tuple]) -> tuple:
         """The plan cache's key: the policy in force, the fed initializers and each input's dtype and shape."""
         return ((self.policy or current_policy()).fingerprint, variant.fed, *signature)
+
+
+def host_memory() -> int:
+    """The host's physical memory in bytes (1 TiB where the OS does not say)."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return 1 << 40

@@ -20,9 +20,8 @@ from ...graph.ir import Graph, Node
 from ..errors import UnsupportedModelError
 from ..executor import ExecutionPlan, Planner, Step
 from ..feeds import check_arrays, check_tensors
-from ..lowering import XRT_DOMAIN
 from ..ops import OPS
-from ..ops.record import F, as_tensor, torch, torch_dtype
+from ..ops.record import F, as_tensor, on_host, torch, torch_dtype
 from .base import GraphVariant, Runner
 
 try:
@@ -97,10 +96,18 @@ class GpuPlanner(Planner):
 
     def function(self, node: Node) -> Callable:
         record = OPS[node.op]
+        if record.torch is None:  # as onnxruntime falls back to its CPU provider: correct, not fast
+            return on_host(record.numpy, self.device)(node, self.graph.opset)
         fn = record.torch(node, self.graph.opset)
         if all(p in record.host_inputs for p in range(len(node.inputs))):
             return _on_device(fn, self.device)  # made from host values alone (Range, ConstantOfShape)
         return fn
+
+    def _op_map_step(self, node: Node, ins: tuple, outs: tuple, note: str) -> Step:
+        step = super()._op_map_step(node, ins, outs, note)
+        if not node.domain and OPS[node.op].torch is None:
+            step.note = "; ".join(filter(None, ["on the host: the op has no PyTorch function", step.note]))
+        return step
 
     def _device_inputs(self, node: Node, ins: tuple, values: list, static: set, slot: Callable) -> tuple:
         host = OPS[node.op].host_inputs if not node.domain else frozenset()
@@ -139,15 +146,6 @@ def _on_device(fn: Callable, device: Any) -> Callable:
         return tuple(r.to(device) for r in result) if isinstance(result, tuple) else result.to(device)
 
     return run
-
-
-def unsupported_on_gpu(graph: Graph) -> list[str]:
-    """The ops of a graph and its subgraphs the GPU path cannot run (no PyTorch builder in their record)."""
-    missing = {n.op for n in graph.nodes if n.domain != XRT_DOMAIN and OPS[n.op].torch is None}
-    for node in graph.nodes:
-        for body in node.subgraphs():
-            missing.update(unsupported_on_gpu(body))
-    return sorted(missing)
 
 
 class GpuRunner(Runner):
@@ -207,14 +205,19 @@ class GpuRunner(Runner):
         constants = self.constants.setdefault(variant.fed, {})
         before = self._allocated()
         with self.lock, self.policy_scope():
-            planner = GpuPlanner(variant.graph, self.dispatcher, self.fns, False, device=self.device,
-                                 constants=constants)  # fmt: skip
+            planner = GpuPlanner(variant.graph, self.dispatcher, self.fns, False, self.tensor_limit(),
+                                 device=self.device, constants=constants)  # fmt: skip
             plan, outputs = planner.build({v.name: t for v, t in zip(variant.inputs, tensors)})
         entry = GpuPlanEntry(plan, [o.clone() if hasattr(o, "clone") else o for o in outputs])
         if self.options.enable_cuda_graph and self.device.type == "cuda" and not plan.varying:
             entry.capture(tensors)
         entry.nbytes = max(self._allocated() - before, 0)
         return entry
+
+    def device_memory(self) -> int:
+        if self.device.type != "cuda":
+            return super().device_memory()
+        return int(_torch_module.cuda.get_device_properties(self.device).total_memory)
 
     def _allocated(self) -> int:
         if self.device.type != "cuda":
@@ -223,9 +226,6 @@ class GpuRunner(Runner):
 
 
 def _check_graph(graph: Graph) -> None:
-    missing = unsupported_on_gpu(graph)
-    if missing:
-        raise UnsupportedModelError(f"ops without a GPU implementation: {', '.join(missing)}")
     dtypes = {v.dtype for v in (*graph.inputs, *graph.outputs, *graph.values.values())}
     dtypes |= {a.dtype.name for a in graph.initializers.values()}
     wide_unsigned = sorted(d for d in dtypes if d in ("uint16", "uint32", "uint64"))

@@ -1,10 +1,13 @@
-"""Helpers shared by the overrides that carry their own autograd Function (attention, norms)."""
+"""Helpers shared by the custom ops and the routes that carry their own autograd (attention, norms)."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
+
+from ... import log
 
 PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 
@@ -24,6 +27,16 @@ def plain(*tensors: Any) -> bool:
     if torch._C._len_torch_dispatch_stack() or torch._C._functorch.peek_interpreter_stack() is not None:
         return False
     return all(t is None or type(t) in PLAIN_TENSORS for t in tensors)
+
+
+def traced(*tensors: Any) -> bool:
+    """Being traced into a graph (torch.compile's fake tensors, AOTAutograd's functional tensors, a tracing
+    dispatch mode), outside any torch.func transform: where a route emits our custom op."""
+    if torch._C._functorch.peek_interpreter_stack() is not None:
+        return False
+    if torch._C._len_torch_dispatch_stack():
+        return True
+    return any(t is not None and type(t) not in PLAIN_TENSORS and isinstance(t, torch.Tensor) for t in tensors)
 
 
 def accumulation_dtype(x: torch.Tensor) -> torch.dtype:
@@ -69,3 +82,45 @@ def unpack_norm_grads(result: Any, x: torch.Tensor, normalized_shape: tuple, par
             tail = tail.view(params, *normalized_shape)
         return [result[:rows].view(x.shape), *tail.unbind(0)]
     return [result, *([None] * params)]
+
+
+def unaliased(tensors: tuple) -> tuple:
+    """Custom-op outputs must not share memory: gradients packed in one buffer (views of it, or tensors over
+    parts of one NumPy array) are copied apart; a tensor that owns all of its memory is passed on."""
+    return tuple(t if _owns_its_memory(t) else t.clone(memory_format=torch.contiguous_format) for t in tensors)
+
+
+def _owns_its_memory(t: torch.Tensor) -> bool:
+    if t._base is not None or t.storage_offset() != 0 or not t.is_contiguous():
+        return False
+    return t.untyped_storage().nbytes() == t.numel() * t.element_size()
+
+
+def or_empty(t: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
+    """Custom ops return tensors only: an absent gradient travels as an empty tensor."""
+    return like.new_empty((0,)) if t is None else t
+
+
+def autocast_cast(*tensors: Any, device_type: str) -> tuple:
+    """As PyTorch's autocast casts an op's inputs to the lower precision: floating tensors other than
+    float64 take the autocast dtype (a no-op outside autocast)."""
+    if not torch.is_autocast_enabled(device_type):
+        return tensors
+    dtype = torch.get_autocast_dtype(device_type)
+    return tuple(
+        t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != torch.float64 else t
+        for t in tensors
+    )
+
+
+def graph_origin() -> contextlib.AbstractContextManager:
+    """Inside a custom op's body: record its dispatches as made by a compiled graph ("graph"), unless the
+    caller said where they come from (an eager public function sets "eager"). Free while nobody logs."""
+    if log.OBSERVERS and log.current_origin() is None:
+        return log.dispatch_origin("graph")
+    return contextlib.nullcontext()
+
+
+def eager_origin() -> contextlib.AbstractContextManager:
+    """Around an eager public function's call of a custom op: its dispatches are "eager"."""
+    return log.dispatch_origin("eager") if log.OBSERVERS else contextlib.nullcontext()

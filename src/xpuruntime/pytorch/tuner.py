@@ -21,14 +21,15 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import threading
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 
 import torch
 
 from .. import autotune
 from ..policy import KernelPolicy, current_policy
+from . import native
+from .families import FAMILY_OF, all_preferences, rebuilt
+from .state import STATE, Verdicts
 
 log = logging.getLogger("xpuruntime.pytorch")
 
@@ -39,42 +40,18 @@ ROUTING_COST_US = {"matmul": 40.0, "attention": 250.0, "layer_norm": 200.0, "rms
 TIMING_NOISE = 0.03  # a gain within 3 % of PyTorch's time is not trusted (single-launch event timings)
 QUIET_CALLS = 32  # routed calls of a family without a new signature before it may be handed back
 NATIVE_FAMILY = "matmul"  # the family whose calls the native (C++) routes serve: mm, bmm, addmm
-
-
-@dataclass
-class _Family:
-    """The verdicts of one family under one autotune policy: tuning key -> (route?, why)."""
-
-    verdicts: dict[str, tuple[bool | None, str]] = field(default_factory=dict)
-    quiet: int = 0
-    returned: bool = False
-
-
-_FAMILY_OF: dict[str, str] = {}  # op -> family head, filled by `watch_families`
-_states: dict[tuple[tuple, str], _Family] = {}  # (steering(policy), family head) -> verdicts
-RETURNED: dict[tuple, frozenset[str]] = {}  # `steering(policy)` -> the ops it no longer steers
-_steering: dict[int, tuple] = {}
-_reasons: dict[str, str] = {}
-_lock = threading.Lock()
-_graph_warmups = 0  # `for_graph` blocks running in this process
-
-
-def watch_families(families: dict[str, tuple[str, ...]]) -> None:
-    """Which ops form a family (head -> companions); called once by `routing`."""
-    for head, members in families.items():
-        for op in (head, *members):
-            _FAMILY_OF[op] = head
+_tuner = STATE.tuner
 
 
 def steering(policy: KernelPolicy) -> tuple:
     """What a policy steers, without its math mode or sync: the policy `autocast` scopes in the forward
     and the one in force in the backward then share their verdicts and hand-backs."""
-    key = _steering.get(policy.fingerprint)
+    key = _tuner.steering.get(policy.fingerprint)
     if key is None:
-        if len(_steering) > 1024:
-            _steering.clear()
+        if len(_tuner.steering) > 1024:
+            _tuner.steering.clear()
         prefs = frozenset(policy.preferences.items())
-        key = _steering[policy.fingerprint] = (policy.autotune, policy.autotune_ops, prefs, policy.deterministic)
+        key = _tuner.steering[policy.fingerprint] = (policy.autotune, policy.autotune_ops, prefs, policy.deterministic)
     return key
 
 
@@ -88,38 +65,33 @@ class _Routed(KernelPolicy):
         return (*super()._content(), "routed by the aten overrides")
 
 
-_routed_views: dict[object, KernelPolicy] = {}
-
-
 def routed_view(policy: KernelPolicy) -> KernelPolicy:
     """The policy a routed call dispatches under: a tuning policy's `_Routed` twin, any other policy itself."""
     if not (policy.autotune or policy.autotune_ops) or type(policy) is _Routed:
         return policy
-    view = _routed_views.get(policy.fingerprint)
+    view = _tuner.views.get(policy.fingerprint)
     if view is None:
-        from .families import all_preferences, rebuilt
-
-        if len(_routed_views) > 1024:
-            _routed_views.clear()
-        view = _routed_views[policy.fingerprint] = rebuilt(policy, all_preferences(policy), _Routed)
+        if len(_tuner.views) > 1024:
+            _tuner.views.clear()
+        view = _tuner.views[policy.fingerprint] = rebuilt(policy, all_preferences(policy), _Routed)
     return view
 
 
 def on_tuned(op: str, key: str, times: dict[str, float], backends: dict[str, str], policy: KernelPolicy) -> str | None:
     """Autotune arbiter for the calls the overrides route: record whether this signature beats PyTorch's
     own kernel by more than the routing cost, and if not, name PyTorch's fastest kernel to run."""
-    family = _FAMILY_OF.get(op)
+    family = FAMILY_OF.get(op)
     if family is None or type(policy) is not _Routed:
         return None
-    if _graph_warmups:  # a replayed graph launches its kernels without any host work
+    if _tuner.graph_warmups:  # a replayed graph launches its kernels without any host work
         route, why = verdict(op, times, backends, 0.0)
         why += " (tuned for a CUDA graph: no routing cost on replay)"
     else:
         route, why = verdict(op, times, backends, ROUTING_COST_US.get(family, 0.0))
     if family == NATIVE_FAMILY:
         _count_native_calls()
-    with _lock:
-        state = _states.setdefault((steering(current_policy()), family), _Family())
+    with _tuner.lock:
+        state = _tuner.families.setdefault((steering(current_policy()), family), Verdicts())
         if key not in state.verdicts:
             state.quiet = 0
         state.verdicts[key] = (route, why)
@@ -151,22 +123,21 @@ def verdict(op: str, times: dict[str, float], backends: dict[str, str], cost_us:
 def for_graph() -> Iterator[None]:
     """Signatures tuned inside this block (a CUDA graph's warm-up) run captured, so their verdicts charge no
     routing cost. Process-wide: a backward's calls are tuned on autograd's own threads."""
-    global _graph_warmups
-    with _lock:
-        _graph_warmups += 1
+    with _tuner.lock:
+        _tuner.graph_warmups += 1
     try:
         yield
     finally:
-        with _lock:
-            _graph_warmups -= 1
+        with _tuner.lock:
+            _tuner.graph_warmups -= 1
 
 
 def note_call(op: str, calls: int = 1) -> None:
     """Count routed calls of `op`; hand its family back when every verdict says PyTorch and no new
     signature came for QUIET_CALLS calls (checked inside a backward pass: its end is a safe point)."""
-    family = _FAMILY_OF.get(op)
+    family = FAMILY_OF.get(op)
     steers = steering(current_policy())
-    state = _states.get((steers, family)) if family else None
+    state = _tuner.families.get((steers, family)) if family else None
     if state is None or state.returned:
         return
     state.quiet += calls
@@ -180,9 +151,7 @@ def note_call(op: str, calls: int = 1) -> None:
 
 def _count_native_calls() -> None:
     """Have the native routes report the calls they serve (all are NATIVE_FAMILY's), in batches."""
-    from . import native_routes
-
-    native_routes.report_native_calls(_native_calls, QUIET_CALLS // 4)
+    native.report_native_calls(_native_calls, QUIET_CALLS // 4)
 
 
 def _native_calls(calls: int) -> None:
@@ -193,50 +162,46 @@ def _inside_backward() -> bool:
     return torch._C._current_graph_task_id() != -1
 
 
-def _hand_back(steers: tuple, family: str, state: _Family) -> None:
-    from . import overrides, routing
-
-    with _lock:
+def _hand_back(steers: tuple, family: str, state: Verdicts) -> None:
+    with _tuner.lock:
         state.returned = True
-        ops = {op for op, head in _FAMILY_OF.items() if head == family}
-        RETURNED[steers] = RETURNED.get(steers, frozenset()) | ops
-        _reasons[family] = "; ".join(sorted({why for _, why in state.verdicts.values()}))
-        routing.forget_routed()
-    log.info("autotune hands %s back to PyTorch: %s", family, _reasons[family])
-    torch.autograd.Variable._execution_engine.queue_callback(overrides.refresh_overrides)
+        ops = {op for op, head in FAMILY_OF.items() if head == family}
+        _tuner.returned[steers] = _tuner.returned.get(steers, frozenset()) | ops
+        _tuner.reasons[family] = "; ".join(sorted({why for _, why in state.verdicts.values()}))
+        STATE.router.routed.clear()  # the routed sets cached per policy: some lose this family now
+    log.info("autotune hands %s back to PyTorch: %s", family, _tuner.reasons[family])
+    torch.autograd.Variable._execution_engine.queue_callback(STATE.refresh)
 
 
 def handed_back() -> dict[str, str]:
     """The op families autotune handed back to PyTorch, with the verdicts that decided it."""
-    with _lock:
-        return dict(_reasons)
+    with _tuner.lock:
+        return dict(_tuner.reasons)
 
 
 def verdicts() -> dict[str, list[tuple[bool | None, str]]]:
     """Every tuned signature's verdict per op family (route it to our kernel?, why), all policies."""
-    with _lock:
+    with _tuner.lock:
         found: dict[str, list[tuple[bool | None, str]]] = {}
-        for (_, family), state in _states.items():
+        for (_, family), state in _tuner.families.items():
             found.setdefault(family, []).extend(state.verdicts.values())
         return found
 
 
 def watching() -> bool:
     """Whether any family has verdicts (the routed path counts calls only then)."""
-    return bool(_states)
+    return bool(_tuner.families)
 
 
 def reset() -> None:
     """Forget every verdict and hand-back (e.g. after kernels were registered); overrides follow."""
-    from . import native_routes, overrides, routing
-
-    with _lock:
-        _states.clear()
-        RETURNED.clear()
-        _reasons.clear()
-        routing.forget_routed()
-    native_routes.report_native_calls(None)
-    overrides.refresh_overrides()
+    with _tuner.lock:
+        _tuner.families.clear()
+        _tuner.returned.clear()
+        _tuner.reasons.clear()
+        STATE.router.routed.clear()
+    native.report_native_calls(None)
+    STATE.refresh()
 
 
 if on_tuned not in autotune.ARBITERS:
