@@ -101,8 +101,19 @@ class NumpyArrays:
         """The sum over `axes`, keeping them as dims of 1."""
         return x.sum(axis=tuple(axes), keepdims=True)
 
+    @staticmethod
+    def amax(x: Any, axes: Sequence[int]) -> Any:
+        """The largest value over `axes`, keeping them as dims of 1."""
+        return np.max(x, axis=tuple(axes), keepdims=True)
+
+    @staticmethod
+    def pad_last(x: Any, n: int, fill: Any) -> Any:
+        """x with n entries of `fill` appended along its last axis."""
+        return np.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, n)], constant_values=fill)
+
     einsum = staticmethod(np.einsum)
     rint = staticmethod(np.rint)  # half to even
+    isneginf = staticmethod(np.isneginf)
     exp = staticmethod(np.exp)
     tanh = staticmethod(np.tanh)
     abs = staticmethod(np.abs)
@@ -188,6 +199,18 @@ class TorchArrays:
     @staticmethod
     def sum(x: Any, axes: Sequence[int]) -> Any:
         return x.sum(dim=tuple(axes), keepdim=True)
+
+    @staticmethod
+    def amax(x: Any, axes: Sequence[int]) -> Any:
+        return torch.amax(x, dim=tuple(axes), keepdim=True)
+
+    @staticmethod
+    def pad_last(x: Any, n: int, fill: Any) -> Any:
+        return F.pad(x, (0, n), value=fill)
+
+    @staticmethod
+    def isneginf(x: Any) -> Any:
+        return torch.isneginf(x)
 
     @staticmethod
     def einsum(spec: str, *xs: Any) -> Any:
