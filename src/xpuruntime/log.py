@@ -96,10 +96,13 @@ class DispatchRecord(NamedTuple):
     origin: str = "eager"
 
     def as_dict(self) -> dict[str, Any]:
+        """The record as a plain dict (for JSON and tables)."""
         return self._asdict()
 
     @classmethod
     def make(cls, plan: Plan, cache_hit: bool, elapsed_us: float, origin: str | None = None) -> DispatchRecord:
+        """The record of one dispatch of `plan`: its decision's fields, whether the plan came from the cache, the time
+        taken, and where the call came from (`origin`, else the innermost `dispatch_origin` block's, else eager)."""
         op, kernel, backend, reason, shapes, dtype, config = plan.log_fields
         origin = origin or _origin.value or "eager"
         return cls(op, kernel, backend, reason, cache_hit, shapes, dtype, elapsed_us, config, time.time(), origin)
@@ -183,16 +186,20 @@ def enable_dispatch_logging(max_records: int = DEFAULT_MAX_RECORDS) -> None:
 
 
 def disable_dispatch_logging() -> None:
+    """Stop recording dispatches; the records kept so far stay readable."""
     remove_observer(_log)
 
 
 def dispatch_logging_enabled() -> bool:
+    """Whether dispatches are being recorded."""
     return _log in OBSERVERS
 
 
 def get_dispatch_logs() -> list[DispatchRecord]:
+    """The records kept so far, oldest first (at most `max_records` of them)."""
     return list(_log.records)
 
 
 def clear_dispatch_logs() -> None:
+    """Forget the records kept so far (logging stays on or off as it was)."""
     _log.records.clear()
