@@ -2,6 +2,9 @@
 
 Adding an op: write its NumPy builder (and its PyTorch builder for the GPU path) in the family's module and
 call `op(...)` with the facts about it; importing the module here registers it. Nothing else lists ops.
+An op can be written once for both paths against arrays.py's `xp` (`op(name, *builders(fn))`); one without
+a PyTorch builder runs on the host on the GPU path. Control flow (control.py) runs its subgraphs' nodes
+through these same records.
 """
 
 from __future__ import annotations
