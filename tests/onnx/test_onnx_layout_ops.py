@@ -1,5 +1,6 @@
 """Layout ops and the odd ones out: SpaceToDepth / DepthToSpace (both modes), CenterCropPad, EyeLike,
-TfIdfVectorizer, against onnxruntime, on the CPU and through the GPU path's PyTorch functions (CPU tensors)."""
+TfIdfVectorizer, against onnxruntime, on the CPU and through the GPU path's PyTorch functions (CPU tensors);
+and the size checks of ops whose output shape comes from input values."""
 
 from __future__ import annotations
 
@@ -7,6 +8,9 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 from onnx_models import make, onnxruntime, randn, run_on, same, vi
+
+from xpuruntime.onnx import InferenceSession, SessionOptions
+from xpuruntime.onnx.errors import OutputTooLargeError
 
 F, I64 = TensorProto.FLOAT, TensorProto.INT64
 PATHS = ("numpy", "torch")
@@ -50,3 +54,27 @@ def test_tfidf_vectorizer_matches_onnxruntime(path: str, mode: str, torch_sessio
         model = make([node], [vi("x", shape, I64)], [vi("y", None)], opset=9)
         feed = {"x": rng.integers(1, 6, shape).astype(np.int64)}
         same(run_on(path, torch_session, model, feed), onnxruntime(model, feed), atol=1e-6)
+
+
+def test_outputs_sized_by_input_values_are_refused_before_allocating() -> None:
+    """Ops whose output shape comes from an input's values say how large it would be before allocating it."""
+    huge = np.array(2**40, np.int64)
+    cases = [
+        ("HannWindow", [vi("n", [], I64)], {"n": huge}, {}),
+        ("CenterCropPad", [vi("x", [2, 3]), vi("s", [2], I64)],
+         {"x": np.ones((2, 3), np.float32), "s": np.array([2**20, 2**20], np.int64)}, {}),
+        ("MaxUnpool", [vi("x", [1, 1, 2, 2]), vi("i", [1, 1, 2, 2], I64), vi("s", [4], I64)],
+         {"x": np.ones((1, 1, 2, 2), np.float32), "i": np.zeros((1, 1, 2, 2), np.int64),
+          "s": np.array([1, 1, 2**20, 2**20], np.int64)}, {"kernel_shape": [2, 2]}),
+        ("DFT", [vi("x", [1, 4, 1]), vi("n", [], I64)], {"x": np.ones((1, 4, 1), np.float32), "n": huge}, {}),
+        ("AffineGrid", [vi("t", [1, 2, 3]), vi("s", [4], I64)],
+         {"t": np.ones((1, 2, 3), np.float32), "s": np.array([1, 1, 2**20, 2**20], np.int64)}, {}),
+    ]  # fmt: skip
+    for op, inputs, feed, attrs in cases:
+        names = [i.name for i in inputs]
+        if op == "DFT":
+            names = ["x", "n"]
+        node = helper.make_node(op, names, ["y"], **attrs)
+        model = make([node], inputs, [vi("y", None)], opset=22)
+        with pytest.raises(OutputTooLargeError, match=rf"\({op}\): its output of shape .* would take"):
+            InferenceSession(model.SerializeToString(), SessionOptions(max_tensor_bytes=2**30)).run(None, feed)

@@ -274,7 +274,12 @@ def col2im_torch(node: Node, opset: int) -> Fn:
     return run
 
 
-op("Col2Im", col2im, col2im_torch, shape_inputs=(1, 2))
+def col2im_size(node: Node, args: list, opset: int) -> tuple[tuple[int, ...], int]:
+    _, dims, channels = col2im_window(node, tuple(args[0].shape), args[1], args[2])
+    return (args[0].shape[0], channels, *dims), itemsize(args[0])
+
+
+op("Col2Im", col2im, col2im_torch, shape_inputs=(1, 2), size=col2im_size)
 
 
 # -- DeformConv -------------------------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ import numpy as np
 
 from ...errors import ShapeError
 from ...graph.ir import Node
-from .record import Fn, check_indices, ints, op, to_host, torch
+from .record import Fn, check_indices, ints, itemsize, op, to_host, torch
 from .window import Window, check_auto_pad, numpy_windows, torch_pad_widths, torch_windows, window
 
 
@@ -221,4 +221,6 @@ def max_unpool_torch(node: Node, opset: int) -> Fn:
     return run
 
 
-op("MaxUnpool", max_unpool, max_unpool_torch, shape_inputs=(2,), host_inputs=(1,))
+op("MaxUnpool", max_unpool, max_unpool_torch, shape_inputs=(2,), host_inputs=(1,),
+   size=lambda node, args, opset: (tuple(unpool_shapes(node, tuple(args[0].shape), tuple(args[1].shape),
+                                                       (*args, None)[2])[1]), itemsize(args[0])))  # fmt: skip

@@ -19,7 +19,7 @@ import numpy as np
 from ...errors import ShapeError
 from ...graph.ir import Node
 from ..errors import UnsupportedModelError
-from .record import F, Fn, LoadContext, ints, on_host, op
+from .record import F, Fn, LoadContext, ints, itemsize, on_host, op
 
 MODES = {"linear": "linear", "bilinear": "linear", "nearest": "nearest", "cubic": "cubic", "bicubic": "cubic"}
 PADDINGS = ("zeros", "border", "reflection")
@@ -186,4 +186,9 @@ def affine_grid_torch(node: Node, opset: int) -> Fn:
     return run
 
 
-op("AffineGrid", affine_grid, affine_grid_torch, shape_inputs=(1,))
+def affine_grid_size(node: Node, args: list, opset: int) -> tuple[tuple[int, ...], int]:
+    dims = _affine_size(tuple(args[0].shape), args[1])
+    return (dims[0], *dims[2:], len(dims) - 2), itemsize(args[0])
+
+
+op("AffineGrid", affine_grid, affine_grid_torch, shape_inputs=(1,), size=affine_grid_size)

@@ -464,7 +464,11 @@ def center_crop_pad_torch(node: Node, opset: int) -> Fn:
     return run
 
 
-op("CenterCropPad", center_crop_pad, center_crop_pad_torch, shape_inputs=(1,))
+def center_crop_pad_size(node: Node, args: list, opset: int) -> tuple[tuple[int, ...], int]:
+    return tuple(center_windows(node, tuple(args[0].shape), args[1])[2]), itemsize(args[0])
+
+
+op("CenterCropPad", center_crop_pad, center_crop_pad_torch, shape_inputs=(1,), size=center_crop_pad_size)
 
 
 # -- EyeLike ----------------------------------------------------------------------------------------------------

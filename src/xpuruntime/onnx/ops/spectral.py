@@ -15,7 +15,7 @@ import numpy as np
 
 from ...errors import ShapeError
 from ...graph.ir import Node
-from .record import Fn, check_elem_dtype, elem_dtype, ints, op, scalar, to_host, torch
+from .record import Fn, check_elem_dtype, elem_dtype, ints, itemsize, op, scalar, to_host, torch
 
 
 # -- DFT ---------------------------------------------------------------------------------------------------------
@@ -78,7 +78,16 @@ def dft_torch(node: Node, opset: int) -> Fn:
     return run
 
 
-op("DFT", dft, dft_torch, shape_inputs=(1,), host_inputs=(2,))
+def dft_size(node: Node, args: list, opset: int) -> tuple[tuple[int, ...], int]:
+    x, length, axis = (*args, None, None)[:3]
+    ax, n = _dft_setup(node, opset, tuple(x.shape), length, axis)
+    inverse, onesided = node.attrs.get("inverse", 0), node.attrs.get("onesided", 0)
+    shape = list(x.shape)
+    shape[ax], shape[-1] = (n, 1) if inverse and onesided else (n // 2 + 1 if onesided else n, 2)
+    return tuple(shape), itemsize(x)
+
+
+op("DFT", dft, dft_torch, shape_inputs=(1,), host_inputs=(2,), size=dft_size)
 
 
 # -- STFT --------------------------------------------------------------------------------------------------------
@@ -126,7 +135,14 @@ def stft_torch(node: Node, opset: int) -> Fn:
     return run
 
 
-op("STFT", stft, stft_torch, shape_inputs=(1, 3))
+def stft_size(node: Node, args: list, opset: int) -> tuple[tuple[int, ...], int]:
+    signal, step, window, length = (*args, None, None)[:4]
+    _, size, count = _frames(tuple(signal.shape), step, window, length)
+    bins = size // 2 + 1 if node.attrs.get("onesided", 1) else size
+    return (signal.shape[0], count, bins, 2), itemsize(signal)
+
+
+op("STFT", stft, stft_torch, shape_inputs=(1, 3), size=stft_size)
 
 
 # -- windows -----------------------------------------------------------------------------------------------------
@@ -152,7 +168,8 @@ def window_values(node: Node, size: Any) -> np.ndarray:
 for _name in WINDOWS:
     op(_name, lambda node, opset: lambda size: window_values(node, size),
        lambda node, opset: lambda size: torch.from_numpy(window_values(node, size)),
-       shape_inputs=(0,), check=check_elem_dtype("output_datatype"))  # fmt: skip
+       shape_inputs=(0,), check=check_elem_dtype("output_datatype"),
+       size=lambda node, args, opset: ((int(scalar(args[0])),), 8))  # fmt: skip
 
 
 # -- MelWeightMatrix ---------------------------------------------------------------------------------------------
@@ -178,4 +195,5 @@ def mel_weights(node: Node, *args: Any) -> np.ndarray:
 
 op("MelWeightMatrix", lambda node, opset: lambda *args: mel_weights(node, *args),
    lambda node, opset: lambda *args: torch.from_numpy(mel_weights(node, *(to_host(a) for a in args))),
-   shape_inputs=(0, 1), host_inputs=(2, 3, 4), check=check_elem_dtype("output_datatype"))  # fmt: skip
+   shape_inputs=(0, 1), host_inputs=(2, 3, 4), check=check_elem_dtype("output_datatype"),
+   size=lambda node, args, opset: ((int(scalar(args[1])) // 2 + 1, int(scalar(args[0]))), 8))  # fmt: skip
