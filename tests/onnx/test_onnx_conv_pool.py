@@ -178,3 +178,30 @@ def test_max_unpool_col2im_and_deform_conv(path: str, torch_session, rng) -> Non
     conv = helper.make_node("Conv", ["x", "w", "b"], ["y"], kernel_shape=[3, 3], pads=[1, 1, 1, 1])
     plain = make([conv], inputs[:2] + inputs[3:4], [vi("y", None)], opset=22)
     same(run(model, zero), onnxruntime(plain, {k: zero[k] for k in ("x", "w", "b")}), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.gpu
+def test_a_small_cnn_on_cuda_with_cuda_graphs(rng) -> None:
+    """Conv (cuDNN) + BatchNormalization + Relu + MaxPool + GlobalAveragePool + Gemm on the GPU, captured in a CUDA
+    graph, against onnxruntime on the CPU (cuDNN may use TF32 for float32 convolutions: 1e-2)."""
+    pytest.importorskip("torch")
+    from xpuruntime.onnx import InferenceSession, SessionOptions
+
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], strides=[2, 2]),
+        helper.make_node("BatchNormalization", ["c", "g", "b", "m", "v"], ["n"]),
+        helper.make_node("Relu", ["n"], ["r"]),
+        helper.make_node("MaxPool", ["r"], ["p"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
+        helper.make_node("GlobalAveragePool", ["p"], ["a"]),
+        helper.make_node("Flatten", ["a"], ["f"]),
+        helper.make_node("Gemm", ["f", "fc"], ["y"], transB=1),
+    ]
+    consts = {"w": randn(rng, 16, 3, 3, 3) / 4, "g": randn(rng, 16), "b": randn(rng, 16), "m": randn(rng, 16),
+              "v": (rng.random(16) + 0.5).astype(np.float32), "fc": randn(rng, 10, 16)}  # fmt: skip
+    model = make(nodes, [vi("x", ["n", 3, 32, 32])], [vi("y", None)], consts, 17)
+    session = InferenceSession(model.SerializeToString(), SessionOptions(enable_cuda_graph=True), device="cuda")
+    for batch in (2, 4, 2):
+        feed = {"x": randn(rng, batch, 3, 32, 32)}
+        same(session.run(None, feed), onnxruntime(model, feed), atol=1e-2, rtol=1e-2)
+    assert {entry.note for entry in session.runner.cache.values()} == {"CUDA graph captured"}
+    assert "on the host" not in session.explain()

@@ -421,21 +421,22 @@ def test_resize_antialias_2d_cubic_coefficient_and_channels_last(opset: int, rng
 
 @pytest.mark.parametrize("opset", [18, 19])
 def test_resize_antialias_axes_and_keep_aspect_ratio_policy(opset: int, rng) -> None:
+    # float32 cubic filters sum up to ~20 taps per axis in another order than onnxruntime: 1.4e-5 seen
     feed = {"x": randn(rng, *AA_SHAPE)}
     for mode in ("linear", "cubic"):
         for policy in ("stretch", "not_larger", "not_smaller"):
             for axes, sizes in (([2, 3], [5, 9]), ([3, 2], [5, 3]), ([2, 3], [4, 17])):
                 attrs = {"mode": mode, "axes": axes, "keep_aspect_ratio_policy": policy, "exclude_outside": 1}
                 model = aa_model(attrs, AA_SHAPE, opset, sizes=sizes)
-                same(ours(model, feed), onnxruntime(model, feed))
+                same(ours(model, feed), onnxruntime(model, feed), atol=3e-5)
                 # negative axes: onnxruntime leaves them out of the aspect-ratio policy; they name the same axes
                 negative = aa_model({**attrs, "axes": [a - 4 for a in axes]}, AA_SHAPE, opset, sizes=sizes)
-                same(ours(negative, feed), onnxruntime(model, feed))
+                same(ours(negative, feed), onnxruntime(model, feed), atol=3e-5)
         model = aa_model({"mode": mode, "axes": [3, 2]}, AA_SHAPE, opset, scales=[0.3, 0.55])
-        same(ours(model, feed), onnxruntime(model, feed))
+        same(ours(model, feed), onnxruntime(model, feed), atol=3e-5)
     three = {"x": randn(rng, 5, 13, 11)}
     model = aa_model({"mode": "linear", "axes": [1]}, [5, 13, 11], opset, scales=[0.4])
-    same(ours(model, three), onnxruntime(model, three))
+    same(ours(model, three), onnxruntime(model, three), atol=3e-5)
 
 
 def test_resize_antialias_where_onnxruntime_declines_matches_the_reference(rng) -> None:

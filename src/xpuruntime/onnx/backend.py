@@ -8,7 +8,7 @@ import numpy as np
 import onnx
 from onnx.backend.base import Backend, BackendRep
 
-from .importer import SUPPORTED_DTYPES
+from .dtypes import SUPPORTED_DTYPES
 from .ops import SUPPORTED
 from .options import GraphOptimizationLevel, SessionOptions
 from .session import InferenceSession

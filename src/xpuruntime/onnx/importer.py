@@ -10,7 +10,6 @@ dtypes the session cannot run raises UnsupportedModelError listing all of them a
 from __future__ import annotations
 
 import collections
-import functools
 import os
 from typing import Any
 
@@ -19,9 +18,9 @@ import onnx
 from onnx import helper, numpy_helper
 
 from ..graph.ir import Dim, Graph, GraphError, Node, Value
+from .dtypes import SUPPORTED_DTYPES, dtype_name
 from .errors import ModelLoadError, UnsupportedModelError
 from .ops import OPS, SUPPORTED, LoadContext
-from .ops.record import SUPPORTED_DTYPES
 
 MIN_OPSET = 1
 DEFAULT_DOMAINS = ("", "ai.onnx")
@@ -51,21 +50,6 @@ def load_model(source: Any) -> onnx.ModelProto:
     if not model.HasField("graph"):
         raise ModelLoadError(f"{what} has no graph (not an ONNX model?)")
     return model
-
-
-@functools.lru_cache(maxsize=64)
-def dtype_name(elem_type: int) -> str:
-    """ONNX TensorProto element type -> NumPy dtype name ('bfloat16', 'string', ... for the unsupported)."""
-    if elem_type == onnx.TensorProto.STRING:
-        return "string"  # NumPy would say 'object'
-    try:
-        return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type)).name
-    except Exception:
-        return (
-            onnx.TensorProto.DataType.Name(elem_type).lower()
-            if elem_type in onnx.TensorProto.DataType.values()
-            else f"type#{elem_type}"
-        )
 
 
 def value_of(info: onnx.ValueInfoProto) -> Value:

@@ -9,54 +9,17 @@ through these same records.
 
 from __future__ import annotations
 
-from . import (
-    attention,
-    bitwise,
-    control,
-    conv,
-    detection,
-    elementwise,
-    indexing,
-    linalg,
-    losses,
-    nn,
-    pad,
-    pool,
-    quantize,
-    recurrent,
-    reduce,
-    resize,
-    rotary,
-    sampling,
-    shape,
-    spectral,
-    text,
-)
+import importlib
+
 from .record import OPS, LoadContext, OpRecord
 
 FAMILIES = (
-    attention,
-    bitwise,
-    control,
-    conv,
-    detection,
-    elementwise,
-    indexing,
-    linalg,
-    losses,
-    nn,
-    pad,
-    pool,
-    quantize,
-    recurrent,
-    reduce,
-    resize,
-    rotary,
-    sampling,
-    shape,
-    spectral,
-    text,
-)  # importing a family's module registers its ops
+    "attention", "bitwise", "control", "conv", "detection", "elementwise", "indexing", "linalg", "losses", "nn",
+    "pad", "pool", "quantize", "recurrent", "reduce", "resize", "rotary", "sampling", "shape", "spectral", "text",
+)  # fmt: skip
+for _family in FAMILIES:  # importing a family's module registers its ops
+    importlib.import_module(f".{_family}", __name__)
+
 SUPPORTED = frozenset(OPS) | {"Constant"}  # Constant nodes become initializers when the model is loaded
 
 __all__ = ["OPS", "SUPPORTED", "LoadContext", "OpRecord"]

@@ -26,6 +26,7 @@ import numpy as np
 
 from ...errors import ArgumentError, ShapeError
 from ...graph.ir import Graph, Node
+from ..dtypes import SUPPORTED_DTYPES
 from ..errors import UnsupportedModelError
 
 if TYPE_CHECKING:
@@ -79,10 +80,6 @@ class OpRecord:
 
 
 OPS: dict[str, OpRecord] = {}
-# the tensor dtypes the session runs (not bfloat16, the float 8, 4 and 2-bit types, strings)
-SUPPORTED_DTYPES = frozenset({
-    "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16", "float32", "float64",
-})  # fmt: skip
 
 
 def op(
