@@ -1,6 +1,8 @@
 """The ops: `xrt.ops.matmul(a, b)` and friends. Each module holds one op's schema, float64 reference and
 front-end function; kernels live in the backends. The registry finds every module's OpSchema objects."""
 
+from .add_norm import add_layer_norm, add_rms_norm
+from .add_norm_backward import add_layer_norm_backward, add_rms_norm_backward
 from .attention import attention
 from .attention_backward import attention_backward
 from .attention_forward import attention_forward
@@ -16,6 +18,7 @@ from .reduction import sum
 from .softmax import softmax
 
 __all__ = [
+    "add_layer_norm", "add_layer_norm_backward", "add_rms_norm", "add_rms_norm_backward",
     "attention", "attention_backward", "attention_forward", "autocast_linear", "fused_elementwise", "layer_norm",
     "layer_norm_backward",
     "linear", "linear_grad_input",
