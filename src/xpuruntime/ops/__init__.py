@@ -9,6 +9,8 @@ from .attention_forward import attention_forward
 from .autocast_linear import autocast_linear
 from .elementwise import sin_affine
 from .fused_elementwise import fused_elementwise
+from .glu import geglu, swiglu
+from .glu_backward import geglu_backward, swiglu_backward
 from .linear import linear
 from .linear_backward import linear_grad_input, linear_grad_weight, split_weight_grad
 from .matmul import matmul
@@ -18,10 +20,8 @@ from .reduction import sum
 from .softmax import softmax
 
 __all__ = [
-    "add_layer_norm", "add_layer_norm_backward", "add_rms_norm", "add_rms_norm_backward",
-    "attention", "attention_backward", "attention_forward", "autocast_linear", "fused_elementwise", "layer_norm",
-    "layer_norm_backward",
-    "linear", "linear_grad_input",
-    "linear_grad_weight", "matmul", "rms_norm", "rms_norm_backward", "sin_affine", "softmax", "split_weight_grad",
-    "sum",
+    "add_layer_norm", "add_layer_norm_backward", "add_rms_norm", "add_rms_norm_backward", "attention",
+    "attention_backward", "attention_forward", "autocast_linear", "fused_elementwise", "geglu", "geglu_backward",
+    "layer_norm", "layer_norm_backward", "linear", "linear_grad_input", "linear_grad_weight", "matmul", "rms_norm",
+    "rms_norm_backward", "sin_affine", "softmax", "split_weight_grad", "sum", "swiglu", "swiglu_backward",
 ]  # fmt: skip

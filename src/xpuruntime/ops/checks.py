@@ -7,13 +7,15 @@ import operator
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from ..abi import FLOAT_DTYPES, INT_DTYPES
 from ..context import DispatchContext
 from ..errors import ArgumentError, DTypeError, ShapeError, argument_error
 
 __all__ = [
     "FLOAT_DTYPES", "INT_DTYPES", "broadcast", "normalize_axis", "numel", "require_dtype_like", "require_float",
-    "require_ndim",
+    "require_ndim", "stored_as",
 ]  # fmt: skip
 
 
@@ -69,3 +71,14 @@ def broadcast(op: str, shapes: Sequence[tuple[str, tuple[int, ...]]]) -> tuple[i
 
 def numel(shape: Sequence[int]) -> int:
     return math.prod(shape)
+
+
+def stored_as(y: np.ndarray, like: Any) -> np.ndarray:
+    """float64 values `y` as an intermediate stored in `like`'s dtype would hold them (rounded to float16 or
+    float32), for references of ops whose definition rounds on the way; float64 and non-float dtypes
+    (a reference called with float64 copies, say) round nothing."""
+    dtype = np.asarray(like).dtype
+    if dtype.kind != "f" or dtype == np.float64:
+        return y
+    with np.errstate(over="ignore"):
+        return np.asarray(y, np.float64).astype(dtype).astype(np.float64)

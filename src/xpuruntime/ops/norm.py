@@ -23,7 +23,7 @@ from ..context import DispatchContext
 from ..dispatch import run
 from ..errors import ArgumentError, ShapeError, argument_error
 from ..schema import OpSchema
-from .checks import numel, require_dtype_like, require_float
+from .checks import numel, require_dtype_like, require_float, stored_as
 
 
 def _normalized_shape(ctx: DispatchContext) -> tuple[int, ...]:
@@ -127,11 +127,7 @@ def layer_norm_reference(
 def rounded_like(y: np.ndarray, like: Any, casting: str) -> np.ndarray:
     """y rounded to `like`'s dtype where `casting` is "llama" (the rounding is part of that order's
     definition; a float64 `like`, such as a reference's input, rounds nothing)."""
-    dtype = np.asarray(like).dtype
-    if casting != "llama" or dtype.kind != "f" or dtype == np.float64:
-        return y
-    with np.errstate(over="ignore"):
-        return y.astype(dtype).astype(np.float64)
+    return stored_as(y, like) if casting == "llama" else y
 
 
 def rms_norm_reference(
