@@ -17,11 +17,14 @@ from .matmul import matmul
 from .norm import layer_norm, rms_norm
 from .norm_backward import layer_norm_backward, rms_norm_backward
 from .reduction import sum
+from .rotary import rotary_embedding
+from .rotary_backward import rotary_embedding_backward
 from .softmax import softmax
 
 __all__ = [
     "add_layer_norm", "add_layer_norm_backward", "add_rms_norm", "add_rms_norm_backward", "attention",
     "attention_backward", "attention_forward", "autocast_linear", "fused_elementwise", "geglu", "geglu_backward",
     "layer_norm", "layer_norm_backward", "linear", "linear_grad_input", "linear_grad_weight", "matmul", "rms_norm",
-    "rms_norm_backward", "sin_affine", "softmax", "split_weight_grad", "sum", "swiglu", "swiglu_backward",
+    "rms_norm_backward", "rotary_embedding", "rotary_embedding_backward", "sin_affine", "softmax",
+    "split_weight_grad", "sum", "swiglu", "swiglu_backward",
 ]  # fmt: skip
