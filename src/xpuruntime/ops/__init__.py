@@ -13,6 +13,8 @@ from .glu import geglu, swiglu
 from .glu_backward import geglu_backward, swiglu_backward
 from .linear import linear
 from .linear_backward import linear_grad_input, linear_grad_weight, split_weight_grad
+from .linear_cross_entropy import linear_cross_entropy, linear_cross_entropy_forward
+from .linear_cross_entropy_backward import linear_cross_entropy_backward
 from .matmul import matmul
 from .norm import layer_norm, rms_norm
 from .norm_backward import layer_norm_backward, rms_norm_backward
@@ -24,7 +26,8 @@ from .softmax import softmax
 __all__ = [
     "add_layer_norm", "add_layer_norm_backward", "add_rms_norm", "add_rms_norm_backward", "attention",
     "attention_backward", "attention_forward", "autocast_linear", "fused_elementwise", "geglu", "geglu_backward",
-    "layer_norm", "layer_norm_backward", "linear", "linear_grad_input", "linear_grad_weight", "matmul", "rms_norm",
+    "layer_norm", "layer_norm_backward", "linear", "linear_cross_entropy", "linear_cross_entropy_backward",
+    "linear_cross_entropy_forward", "linear_grad_input", "linear_grad_weight", "matmul", "rms_norm",
     "rms_norm_backward", "rotary_embedding", "rotary_embedding_backward", "sin_affine", "softmax",
     "split_weight_grad", "sum", "swiglu", "swiglu_backward",
 ]  # fmt: skip
