@@ -13,8 +13,9 @@ from .norm_backward import layer_norm_grads, rms_norm_grads, rows64, store_packe
 
 
 def _sum_into(h: np.ndarray, x: np.ndarray, residual: np.ndarray) -> np.ndarray:
-    """h = x + residual, rounded once to h's dtype (NumPy adds float16 pairs exactly, then rounds)."""
-    np.add(x, residual, out=h, dtype=h.dtype, casting="unsafe")
+    """h = x + residual, rounded once to h's dtype (their promoted dtype: NumPy adds float16 pairs exactly,
+    then rounds)."""
+    np.add(x, residual, out=h, casting="unsafe")
     return h
 
 
