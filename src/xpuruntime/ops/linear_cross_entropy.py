@@ -147,7 +147,7 @@ def check_dtypes(ctx: DispatchContext) -> str:
 def logits_reference(hidden: Any, weight: Any, bias: Any) -> np.ndarray:
     """float64 (rows, V) logits."""
     h = np.asarray(hidden, np.float64)
-    z = h.reshape(-1, h.shape[-1]) @ np.asarray(weight, np.float64).T
+    z = h.reshape(numel(h.shape[:-1]), h.shape[-1]) @ np.asarray(weight, np.float64).T
     return z if bias is None else z + np.asarray(bias, np.float64)
 
 
@@ -220,7 +220,7 @@ def gradients_reference(
         dz = np.where(valid[:, None], dz * scale[:, None], 0.0)
     h = np.asarray(hidden, np.float64)
     dh = dz @ np.asarray(weight, np.float64)
-    return dh.reshape(h.shape), dz.T @ h.reshape(-1, h.shape[-1]), dz.sum(axis=0)
+    return dh.reshape(h.shape), dz.T @ h.reshape(numel(h.shape[:-1]), h.shape[-1]), dz.sum(axis=0)
 
 
 LINEAR_CROSS_ENTROPY = OpSchema(

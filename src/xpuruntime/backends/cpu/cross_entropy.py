@@ -31,7 +31,7 @@ class _Problem:
            at: Any) -> _Problem:  # fmt: skip
         cdt = np.dtype(np.float64 if hidden.dtype == np.float64 else np.float32)
         t = target.reshape(-1).astype(np.int64)
-        return cls(hidden.reshape(-1, at["hidden"]).astype(cdt), weight.astype(cdt),
+        return cls(hidden.reshape(at["rows"], at["hidden"]).astype(cdt), weight.astype(cdt),
                    None if bias is None else bias.astype(cdt), t, t != at["ignore_index"],
                    (t >= 0) & (t < at["vocab"]))  # fmt: skip
 
