@@ -41,13 +41,8 @@ from xpuruntime.registry import Registry, default_registry
 SCALE = float(os.environ.get("XPURUNTIME_FUZZ_SCALE", "1"))
 
 # Ops whose contract differs from "a pure function of its inputs", by design; the error contract still holds.
-WRITTEN_INPUTS = {  # one output per op: these are input buffers the kernel fills
-    "attention_forward": {"lse"},
-    "add_rms_norm": {"residual_out"},
-    "add_layer_norm": {"residual_out"},
-    "linear_cross_entropy": {"grad_hidden", "grad_weight", "grad_bias"},
-    "linear_cross_entropy_backward": {"grad_weight", "grad_bias"},
-}
+# one output per op: the schema's buffers are input buffers the kernels fill
+WRITTEN_INPUTS = {op: schema.buffers for op, schema in default_registry().ops.items() if schema.buffers}
 NO_REFERENCE_CHECK = {  # the reference recomputes saved tensors that random inputs cannot be consistent with
     "attention_backward": "out and lse must come from attention_forward of the same q, k, v",
 }

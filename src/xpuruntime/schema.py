@@ -40,6 +40,8 @@ class OpSchema:
     scalars: frozenset[str] = field(default_factory=frozenset)  # inputs that may be Python numbers
     normalize_attrs: Callable[[DispatchContext], dict[str, Any]] = _no_attrs
     inplace: bool = False  # `out` may be exactly an input's view (elementwise-style ops)
+    # inputs the kernels write: outputs beyond the one the ABI has (attention_forward's lse), filled like `out`
+    buffers: frozenset[str] = field(default_factory=frozenset)
     flops: Callable[[DispatchContext], int] = _no_flops
     doc: str = ""
 

@@ -256,3 +256,30 @@ def test_add_rms_norm_property(data, dtype, llama):
     ref = add_rms_norm_reference(x, residual, weight, None, 1e-5, 0.0, casting)
     tol = {"float16": 2e-3, "float32": 1e-5, "float64": 1e-12}[dtype]
     np.testing.assert_allclose(y, ref, rtol=tol, atol=tol * max(1.0, float(np.abs(ref).max(initial=0.0))))
+
+
+def test_autotune_times_on_fresh_buffers_not_on_an_in_place_residual(rng, monkeypatch, tmp_path):
+    """residual_out may be the residual itself (the stream updated in place): tuning launches each candidate
+    several times, which must not add x to the residual again and again (schema.buffers get fresh arrays)."""
+    import dataclasses
+
+    from xpuruntime.backends.cpu import BACKEND
+    from xpuruntime.backends.cpu.add_norm import add_rms_norm_numpy
+    from xpuruntime.dispatch import Dispatcher
+    from xpuruntime.ops.add_norm import ADD_RMS_NORM
+    from xpuruntime.registry import Registry
+
+    monkeypatch.setenv("XPURUNTIME_CACHE_DIR", str(tmp_path))
+    registry = Registry()
+    registry.register_op(ADD_RMS_NORM)
+    registry.register_backend(BACKEND)
+    registry.register_kernel(add_rms_norm_numpy)
+    registry.register_kernel(dataclasses.replace(add_rms_norm_numpy, name="numpy_again"))
+    x, residual, weight, _, _ = _case(rng, "float32", "float32")
+    want_y, want_h = xrt.ops.add_rms_norm(x, residual, weight)
+    xrt.enable_dispatch_logging()
+    with xrt.kernel_policy(autotune=True):
+        y = Dispatcher(registry).run("add_rms_norm", (x, residual, weight, residual), ())
+    assert xrt.get_dispatch_logs()[-1].reason == "autotune"
+    np.testing.assert_array_equal(residual, want_h)
+    np.testing.assert_array_equal(y, want_y)

@@ -227,6 +227,7 @@ LINEAR_CROSS_ENTROPY = OpSchema(
     name="linear_cross_entropy",
     inputs=("hidden", "weight", "target", "bias", *GRADS),
     optional=frozenset({"bias", *GRADS}),
+    buffers=frozenset(GRADS),
     attrs=("ignore_index", "label_smoothing", "reduction", "z_loss_scale"),
     defaults={"ignore_index": -100, "label_smoothing": 0.0, "reduction": "mean", "z_loss_scale": 0.0},
     normalize_attrs=_normalize,

@@ -62,6 +62,7 @@ LINEAR_CROSS_ENTROPY_BACKWARD = OpSchema(
     name="linear_cross_entropy_backward",
     inputs=("grad_loss", "hidden", "weight", "target", "bias", "grad_weight", "grad_bias"),
     optional=frozenset({"bias", "grad_weight", "grad_bias"}),
+    buffers=frozenset({"grad_weight", "grad_bias"}),
     attrs=("ignore_index", "label_smoothing", "reduction", "z_loss_scale"),
     defaults={"ignore_index": -100, "label_smoothing": 0.0, "reduction": "mean", "z_loss_scale": 0.0},
     normalize_attrs=_normalize,

@@ -132,7 +132,7 @@ def _norm_fwd_kernel(
 
 
 @triton.jit
-def _weighted_grad(dy, w, dtype, CAST: tl.constexpr):
+def _weighted_grad(dy, w, dtype: tl.constexpr, CAST: tl.constexpr):
     """dy * (weight + offset), rounded to the input dtype under CAST (the forward's product was)."""
     wdy = dy * w
     if CAST:
