@@ -1,4 +1,5 @@
-"""The caching allocator: size classes, alignment, event-guarded per-stream reuse, stats, typed arrays."""
+"""The caching allocator: size classes, alignment, event-guarded per-stream reuse (also when a free races
+empty_cache), stats, typed arrays whose block lives as long as any alias."""
 
 from __future__ import annotations
 
@@ -12,6 +13,12 @@ from hypothesis import strategies as st
 
 from xpuruntime.runtime import allocator as alloc
 from xpuruntime.runtime.allocator import ALIGNMENT, Arena, CachingAllocator, size_class
+
+try:
+    import torch
+except ImportError:  # the tests of torch-backed blocks skip
+    torch = None
+needs_torch = pytest.mark.skipif(torch is None, reason="needs PyTorch")
 
 
 class FakeEvent:
@@ -210,3 +217,145 @@ def test_device_and_pinned_allocators_on_cuda():
     del x
     gc.collect()
     assert dev.stats().frees >= 2
+
+
+class TorchHostArena(Arena):
+    """Blocks as uint8 torch tensors (CPU), so `empty` takes the same torch path as device memory."""
+
+    def alloc(self, size):
+        raw = torch.empty(size + ALIGNMENT, dtype=torch.uint8)
+        offset = -raw.data_ptr() % ALIGNMENT
+        buffer = raw[offset : offset + size]
+        return buffer, buffer.data_ptr()
+
+
+ALIASES = {
+    "detach": lambda x: x.detach(),
+    "data": lambda x: x.data,
+    "dtype view": lambda x: x.view(torch.int32),
+    "numpy": lambda x: x.numpy(),
+    "slice": lambda x: x[1:],
+}
+
+
+def as_numpy(array):
+    return array if isinstance(array, np.ndarray) else array.numpy()
+
+
+@needs_torch
+@pytest.mark.parametrize("alias", ALIASES)
+def test_a_torch_array_keeps_its_block_while_any_alias_lives(alias):
+    a = CachingAllocator(TorchHostArena())
+    x = a.empty((4, 8), torch.float32)
+    x.copy_(torch.randn(4, 8))
+    kept = ALIASES[alias](x)
+    expected = as_numpy(kept).copy()
+    del x
+    gc.collect()
+    assert a.stats().blocks_in_use == 1, f"block freed while its {alias} alias is alive"
+    other = a.empty((4, 8), torch.float32)
+    other.fill_(-1.0)
+    np.testing.assert_array_equal(as_numpy(kept), expected)
+    del kept, other
+    gc.collect()
+    s = a.stats()
+    assert s.blocks_in_use == 0 and s.frees == 2
+
+
+@needs_torch
+def test_empty_with_bad_shape_or_dtype_raises_clearly_and_leaks_nothing():
+    a = CachingAllocator(Arena())
+    with pytest.raises(ValueError, match=r"dimensions must be >= 0.*\(-2, -3\)"):
+        a.empty((-2, -3), np.float32)  # the product is positive: the size alone does not catch it
+    with pytest.raises(ValueError, match=r"dimensions must be >= 0"):
+        a.empty((2, -3), np.float32)
+    with pytest.raises(TypeError):
+        a.empty((2, 3), torch.float32)  # host blocks are NumPy arrays
+    s = a.stats()
+    assert s.blocks_in_use == 0 and s.bytes_in_use == 0 and s.allocations == s.frees
+
+
+class PendingArena(Arena):
+    """Host memory with pretend streams: events complete only when `synchronize` runs."""
+
+    kind = "device"
+
+    def __init__(self) -> None:
+        super().__init__("fake:0")
+        self.events: list[dict] = []
+        self.during_sync = lambda: None
+
+    def record(self, stream):
+        self.events.append({"done": False})
+        return self.events[-1]
+
+    def ready(self, event):
+        return event["done"]
+
+    def synchronize(self):
+        for e in self.events:
+            e["done"] = True
+        self.during_sync()  # another thread runs right after the device went idle
+
+
+def test_empty_cache_keeps_a_block_freed_while_it_synchronizes():
+    arena = PendingArena()
+    a = CachingAllocator(arena)
+    early, late = a.allocate(4096, "s1"), a.allocate(8192, "s1")
+    a.free(early)
+    a.record_stream(late, "copy")  # work on the copy stream is queued after the synchronize
+
+    def free_from_another_thread():
+        worker = threading.Thread(target=a.free, args=(late,))
+        worker.start()
+        worker.join()
+
+    arena.during_sync = free_from_another_thread
+    a.empty_cache()
+    s = a.stats()
+    assert s.blocks_in_use == 0 and s.blocks_cached == 1 and s.bytes_cached == late.size, (
+        "a block freed after the synchronize was dropped while its streams may still use it"
+    )
+    assert a.allocate(8192, "s1") is not late, "handed out before its copy-stream event completed"
+
+
+class SwitchingArena(PendingArena):
+    """Pretend streams with a current one that the test switches, as `with torch.cuda.stream(s):` does."""
+
+    current = "default"
+
+    def current_stream(self):
+        return self.current
+
+
+def test_a_block_allocated_on_the_current_stream_stays_with_that_stream():
+    arena = SwitchingArena()
+    a = CachingAllocator(arena)
+    arena.current = "side"
+    block = a.allocate(1 << 20)  # stream=None: the current stream, "side"
+    a.free(block)
+    arena.current = "default"
+    other = a.allocate(1 << 20)
+    assert other is not block, "handed to the default stream while the side stream may still use it"
+    a.free(other)
+    arena.current = "side"
+    assert a.allocate(1 << 20) is block and a.allocate(1 << 20, "default") is other
+
+
+@pytest.mark.gpu
+def test_device_block_freed_on_a_busy_side_stream_is_not_reused_on_the_default_stream():
+    dev = CachingAllocator(alloc.TorchDeviceArena("cuda:0"))
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        block = dev.allocate(1 << 24)
+        torch.cuda._sleep(100_000_000)  # keep the side stream busy
+        block.view((1 << 24,), torch.uint8).fill_(1)
+    dev.free(block)
+    assert dev.allocate(1 << 24) is not block, "reused on the default stream while the side stream writes it"
+    torch.cuda.synchronize()
+    alias = dev.empty((64, 64), torch.float16)
+    kept = alias.detach()
+    del alias
+    gc.collect()
+    assert dev.stats().blocks_in_use == 2, "device block freed while its detached alias lives"
+    del kept

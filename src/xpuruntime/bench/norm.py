@@ -1,9 +1,9 @@
-"""Benchmark rows: layer_norm / rms_norm forward and forward+backward (Triton) beside PyTorch."""
+"""Norms: our Triton layer norm and RMS norm, forward and forward + backward, against PyTorch's."""
 
 from __future__ import annotations
 
-from . import Row, Setup, kernel_alternatives
-from ._triton_rows import close, forced, needs_cuda, randn
+from .common import close, forced, kernel_alternatives, needs_triton, randn
+from .row import Row, Setup
 
 M, N = 8192, 4096
 
@@ -106,11 +106,11 @@ def _rms_norm_forward_backward() -> Setup:
 _SHAPE = f"{M}x{N} bf16"
 ROWS = [
     Row(f"layer_norm forward {_SHAPE}", "norm", _layer_norm_forward, target=2.6, target_kind="TB/s",
-        requires=needs_cuda, doc="Triton layer norm vs F.layer_norm"),
+        requires=needs_triton, anchor="F.layer_norm", doc="Triton forward"),
     Row(f"layer_norm forward+backward {_SHAPE}", "norm", _layer_norm_forward_backward, target=1.3,
-        requires=needs_cuda, doc="Triton forward + layer_norm_backward vs F.layer_norm with autograd"),
-    Row(f"rms_norm forward {_SHAPE}", "norm", _rms_norm_forward, target=1.1, requires=needs_cuda,
-        doc="Triton RMS norm vs F.rms_norm"),
-    Row(f"rms_norm forward+backward {_SHAPE}", "norm", _rms_norm_forward_backward, requires=needs_cuda,
-        doc="Triton forward + rms_norm_backward vs F.rms_norm with autograd (no target)"),
+        requires=needs_triton, anchor="F.layer_norm with autograd", doc="Triton forward + layer_norm_backward"),
+    Row(f"rms_norm forward {_SHAPE}", "norm", _rms_norm_forward, target=1.1, requires=needs_triton,
+        anchor="F.rms_norm", doc="Triton forward"),
+    Row(f"rms_norm forward+backward {_SHAPE}", "norm", _rms_norm_forward_backward, requires=needs_triton,
+        anchor="F.rms_norm with autograd", doc="Triton forward + rms_norm_backward"),
 ]  # fmt: skip
