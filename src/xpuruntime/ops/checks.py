@@ -14,8 +14,16 @@ from ..context import DispatchContext
 from ..errors import ArgumentError, DTypeError, ShapeError, argument_error
 
 __all__ = [
-    "FLOAT_DTYPES", "INT_DTYPES", "broadcast", "normalize_axis", "numel", "require_dtype_like", "require_float",
-    "require_ndim", "stored_as",
+    "FLOAT_DTYPES",
+    "INT_DTYPES",
+    "broadcast",
+    "int_attribute",
+    "normalize_axis",
+    "numel",
+    "require_dtype_like",
+    "require_float",
+    "require_ndim",
+    "stored_as",
 ]  # fmt: skip
 
 
@@ -37,6 +45,17 @@ def require_ndim(ctx: DispatchContext, name: str, minimum: int) -> None:
     ndim = ctx.tensor(name).ndim
     if ndim < minimum:
         raise argument_error(ShapeError, ctx.op, name, f"at least {minimum} dimension(s)", f"{ndim}-d")
+
+
+def int_attribute(ctx: DispatchContext, name: str) -> int:
+    """The attribute `name` as an int (NumPy integers too; never a bool, which Python counts as an int)."""
+    raw = ctx.attrs[name]
+    try:
+        if isinstance(raw, bool):
+            raise TypeError
+        return operator.index(raw)
+    except TypeError:
+        raise argument_error(ArgumentError, ctx.op, name, "an int", repr(raw)) from None
 
 
 def normalize_axis(op: str, axis: Any, ndim: int, arg: str = "axis") -> int:

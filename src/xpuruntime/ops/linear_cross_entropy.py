@@ -36,7 +36,6 @@ from __future__ import annotations
 import contextlib
 import math
 import numbers
-import operator
 from typing import Any
 
 import numpy as np
@@ -48,7 +47,7 @@ from ..dispatch import run
 from ..errors import ArgumentError, DTypeError, ShapeError, argument_error
 from ..schema import OpSchema
 from .attention_forward import empty_like_backend
-from .checks import numel, require_dtype_like, require_float, require_ndim
+from .checks import int_attribute, numel, require_dtype_like, require_float, require_ndim
 
 REDUCTIONS = ("mean", "sum", "none")
 GRADS = ("grad_hidden", "grad_weight", "grad_bias")
@@ -64,13 +63,7 @@ def _number(ctx: DispatchContext, name: str, low: float, high: float, expected: 
 
 def check_options(ctx: DispatchContext) -> dict[str, Any]:
     """ignore_index, label_smoothing, reduction and z_loss_scale, checked."""
-    raw = ctx.attrs["ignore_index"]
-    try:
-        if isinstance(raw, bool):
-            raise TypeError
-        ignore_index = operator.index(raw)
-    except TypeError:
-        raise argument_error(ArgumentError, ctx.op, "ignore_index", "an int", repr(raw)) from None
+    ignore_index = int_attribute(ctx, "ignore_index")
     reduction = ctx.attrs["reduction"]
     if reduction not in REDUCTIONS:
         raise argument_error(ArgumentError, ctx.op, "reduction", f"one of {REDUCTIONS}", repr(reduction))

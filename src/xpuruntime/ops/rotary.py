@@ -23,7 +23,6 @@ C-contiguous in its input's shape; the front end returns views. Backward: ops/ro
 
 from __future__ import annotations
 
-import operator
 from typing import Any
 
 import numpy as np
@@ -33,7 +32,7 @@ from ..context import DispatchContext
 from ..dispatch import run
 from ..errors import ArgumentError, DTypeError, ShapeError, argument_error
 from ..schema import OpSchema
-from .checks import numel, require_dtype_like, require_float, stored_as
+from .checks import int_attribute, numel, require_dtype_like, require_float, stored_as
 
 __all__ = ["rotary_embedding"]
 
@@ -41,13 +40,7 @@ __all__ = ["rotary_embedding"]
 def _unsqueeze_axis(ctx: DispatchContext, ndim: int) -> int:
     """unsqueeze_dim for cos of `ndim` dims (rotary dim last) as a non-negative axis, which must land before
     the rotary dim (torch.unsqueeze's range less its last position)."""
-    raw = ctx.attrs["unsqueeze_dim"]
-    try:
-        if isinstance(raw, bool):
-            raise TypeError
-        axis = operator.index(raw)
-    except TypeError:
-        raise argument_error(ArgumentError, ctx.op, "unsqueeze_dim", "an int", repr(raw)) from None
+    axis = int_attribute(ctx, "unsqueeze_dim")
     if not (-(ndim + 1) <= axis <= -2 or 0 <= axis < ndim):
         raise argument_error(ShapeError, ctx.op, "unsqueeze_dim", f"a value in [{-(ndim + 1)}, -2] or [0, {ndim - 1}]"
                              f" for cos of {ndim} dims (the new axis before the rotary dim)", axis)  # fmt: skip
