@@ -28,7 +28,7 @@ from ..dispatch import run
 from ..errors import DTypeError, LayoutError, ShapeError, argument_error
 from ..schema import OpSchema
 from .attention_forward import empty_like_backend
-from .checks import numel, require_float, require_ndim
+from .checks import numel, require_float, require_ndim, stored_as
 from .norm import MACHINE_EPSILON, _eps, eps_as_added, layer_norm_reference, rms_norm_reference, rms_options
 
 _ORDER = ("float16", "bfloat16", "float32", "float64")
@@ -94,9 +94,7 @@ def sum_reference(x: Any, residual: Any) -> np.ndarray:
     """h = x + residual, rounded to the promoted dtype where NumPy has it (float64 values)."""
     x, residual = np.asarray(x), np.asarray(residual)
     h = x.astype(np.float64) + residual.astype(np.float64)
-    dtype = np.result_type(x.dtype, residual.dtype)
-    with np.errstate(over="ignore"):
-        return h.astype(dtype).astype(np.float64) if dtype.kind == "f" else h
+    return stored_as(h, np.empty(0, np.result_type(x.dtype, residual.dtype)))
 
 
 def _eps_of(x: Any, residual: Any, eps: float | None) -> float:
