@@ -12,7 +12,7 @@ from numeric_grad import assert_gradient, numerical_vjp
 from strategies import uniform, views
 
 import xpuruntime as xrt
-from xpuruntime.errors import DTypeError, LayoutError, ShapeError, XpuRuntimeError
+from xpuruntime.errors import ArgumentError, DTypeError, LayoutError, ShapeError, XpuRuntimeError
 from xpuruntime.ops.add_norm import add_layer_norm_reference, add_rms_norm_reference
 from xpuruntime.ops.add_norm_backward import add_layer_norm_backward_reference, add_rms_norm_backward_reference
 from xpuruntime.ops.norm import rms_norm_reference
@@ -202,6 +202,10 @@ def test_add_norm_errors(rng):
     with pytest.raises(ShapeError, match="argument 'residual_out' expected a contiguous buffer"):
         strided = np.empty((4, 2, 74), np.float32)[..., ::2]
         xrt.ops.add_rms_norm(x[:, ::2], residual[:, ::2], residual_out=strided)
+    read_only = np.ones((1, *x.shape[1:]), np.float32)
+    read_only.setflags(write=False)
+    with pytest.raises(ArgumentError, match="add_rms_norm: argument 'residual_out' expected a writable array"):
+        xrt.default_dispatcher().run("add_rms_norm", (x[:1], residual[:1], weight, read_only), ())
     with pytest.raises(ShapeError, match="add_layer_norm: argument 'x' expected a last dimension of at least one"):
         xrt.ops.add_layer_norm(np.ones((3, 0), np.float32), np.ones((3, 0), np.float32))
 
