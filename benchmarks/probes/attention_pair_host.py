@@ -1,5 +1,5 @@
 """Where the host time of one attention forward+backward goes: PyTorch's SDPA-cuDNN with autograd against
-the op-level `torch_cudnn` pair and the pair under `autotune` (issue 7's last 2-6 %).
+the op-level `torch_cudnn` pair and the pair under `autotune` (where their last 2-6 % went).
 
 For each path it prints the host µs per call (enqueue only, no sync), do_bench's median (L2 flushed
 before each call, as `xpuruntime bench` times), the time per call of 20 back-to-back calls, and a cProfile

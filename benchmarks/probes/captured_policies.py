@@ -1,7 +1,7 @@
 """The example's step captured as one CUDA graph under several policies, against eager without one.
 
 A captured step has no host time, so it shows what each policy's kernels do to the GPU time of the
-GPT step (issue 8's "captured step >= 1.1x"). Each configuration is a fresh process of the example;
+GPT step (the target: a captured step >= 1.1x eager). Each configuration is a fresh process of the example;
 eager runs come first and last, so host drift shows as a difference between the two.
 
     python benchmarks/probes/captured_policies.py [--steps 40] [--out DIR] [--only ROW ...]

@@ -1,6 +1,6 @@
 """The GPU kernels of one attention forward+backward at B4 H16 S2048 D128 bf16: PyTorch's SDPA-cuDNN with
 autograd against the op-level `torch_cudnn` pair (attention_forward + attention_backward through the
-dispatcher), from PyTorch's profiler, so a gap between the two shows as kernels (issue 7).
+dispatcher), from PyTorch's profiler, so a gap between the two shows as kernels.
 
     python benchmarks/probes/cudnn_pair_trace.py [--causal] [--dim 128]
 """

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 8's 2-GPU check (device kind nvidia-h200-x2, carry .whl): the GPT example with the policy on one
+# The 2-GPU check (on a machine with two GPUs, nvmath-python's wheel in .whl/): the GPT example with the policy on one
 # GPU, then under torchrun with DDP on two (same global batch); per-step losses compared, kernels per rank.
 set -uo pipefail
 OUT=${OUT:-/tmp/xrt-ddp}

@@ -14,7 +14,7 @@ from host_timing import host_us
 
 import xpuruntime as xrt
 import xpuruntime.pytorch as xtorch
-from xpuruntime.pytorch import routing
+from xpuruntime.pytorch import router as routing
 
 
 def main() -> None:

@@ -26,7 +26,8 @@ import torch.nn.functional as F
 
 import xpuruntime as xrt
 from xpuruntime.dispatch import Dispatcher
-from xpuruntime.pytorch import overrides, routing
+from xpuruntime.pytorch import install as overrides
+from xpuruntime.pytorch import router as routing
 from xpuruntime.registry import OPS_PACKAGE, Backend, Registry, _declared, _submodules, kernel
 from xpuruntime.schema import OpSchema
 

@@ -34,7 +34,8 @@ import torch
 import torch.nn.functional as F
 
 import xpuruntime.pytorch as xtorch
-from xpuruntime.pytorch import handback, native_routes
+from xpuruntime.pytorch import native as native_routes
+from xpuruntime.pytorch import tuner as handback
 
 ROOT = Path(__file__).resolve().parents[2]
 spec = importlib.util.spec_from_file_location("train_gpt", ROOT / "examples" / "train_gpt.py")
@@ -63,8 +64,8 @@ def use_policy(name: str, policy) -> None:
 def gpt_step(model_args: str = "", old_loop: bool = False) -> Callable[[float], tuple[float, float]]:
     """The example GPT (its own arguments `model_args`) and one bf16 training step of it, as
     step(sleep_ms=0) -> (host ms to enqueue it, ms until the GPU finished it). The loop is the example's
-    (gradients set to None, fused AdamW); `old_loop`: the example's loop up to session 14 (gradients
-    zeroed in place, the default foreach AdamW): 17.5 against 14.0 ms per step on the H100 (session 15)."""
+    (gradients set to None, fused AdamW); `old_loop`: the example's earlier loop (gradients
+    zeroed in place, the default foreach AdamW): 17.5 against 14.0 ms per step on the H100."""
     cfg = example.parse_args(shlex.split(model_args))
     torch.manual_seed(0)
     model = example.GPT(cfg.vocab, cfg.context, cfg.d_model, cfg.heads, cfg.layers).cuda()
@@ -96,7 +97,7 @@ def main() -> None:
     p.add_argument("--model", default="", help="the example's arguments for another model size")
     p.add_argument("--gc", action="store_true", help="report garbage collections per step and their host time")
     p.add_argument("--gc-freeze", action="store_true", help="gc.freeze() after set-up and warm-up")
-    p.add_argument("--old-loop", action="store_true", help="zero grads in place, foreach AdamW (up to session 14)")
+    p.add_argument("--old-loop", action="store_true", help="zero grads in place, foreach AdamW (the earlier loop)")
     p.add_argument("policies", nargs="*", default=DEFAULT)
     args = p.parse_args()
     step = gpt_step(args.model, args.old_loop)

@@ -50,7 +50,7 @@ def test_report_keeps_each_rows_newest_measurement_and_links_its_file(tmp_path, 
     sections = [line for line in md.splitlines() if line.startswith("## ")]
     assert sections == ["## At a glance", "## gemm", "## norm", "## elementwise"]  # the subjects' order
     norm = md.split("## norm")[1].split("## ")[0]
-    assert "| norm fwd | torch.thing: 2 TB/s | 2.8 TB/s | 1.4 | ≥ 1× | yes |" in norm
+    assert "| norm fwd | torch.thing: 2 TB/s | 2.8 TB/s | 1.40 | ≥ 1× | yes |" in norm
     assert "[H100 · bbbbbbbbbb · 2026-11-20](results/new.json)" in norm  # the newer run, linked
     gemm = md.split("## gemm")[1].split("## ")[0]
     assert "0.9" in gemm and "(results/old.json)" in gemm and "**no** (10.0 % short)" in gemm  # skipped: kept
@@ -144,3 +144,18 @@ def test_training_steps_alternate_each_under_its_own_setting(monkeypatch):
     assert all(name == setting for name, setting in log)  # every step ran under its own variant's setting
     timed_order = [n for n, _ in log[4:]][1::2]  # after two warm-up steps each: warm-up, timed, per variant
     assert timed_order == ["a", "b", "b", "a", "a", "b", "b", "a"]
+
+
+def test_benchmarks_md_is_what_the_committed_result_files_give(tmp_path, capsys):
+    """BENCHMARKS.md is generated: regenerating it from benchmarks/results changes nothing."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    files = sorted((root / "benchmarks" / "results").glob("*.json"))
+    assert files, "no result files committed"
+    out = tmp_path / "BENCHMARKS.md"
+    assert summary.benchmarks_markdown(files, root) == (root / "BENCHMARKS.md").read_text()
+    for line in (root / "BENCHMARKS.md").read_text().splitlines():  # every linked file exists
+        for link in (part.split(")")[0] for part in line.split("](")[1:]):
+            assert link.startswith("#") or (root / link).is_file(), link
+    assert not out.exists()

@@ -10,14 +10,18 @@ import warnings
 
 import numpy as np
 import pytest
+from conftest import make_toy_registry
+from rich.console import Console
 
 import xpuruntime as xrt
 from xpuruntime.abi import TensorSpec
+from xpuruntime.dispatch import Dispatcher
 from xpuruntime.errors import (
     ArgumentError,
     KernelFallbackWarning,
 )  # fmt: skip
 from xpuruntime.profiling import Profiler
+from xpuruntime.registry import Backend, kernel
 
 rng = np.random.default_rng(3)
 X = rng.standard_normal((3, 4)).astype(np.float32)
@@ -252,3 +256,18 @@ def test_explain_and_plan_take_the_ops_input_defaults_and_reject_extra_inputs():
         xrt.explain("matmul", X, X.T, X, show=False)
     with pytest.raises(ArgumentError, match="matmul: argument 'b' is required"):
         xrt.explain("matmul", X, show=False)
+
+
+def test_explain_says_an_unavailable_backends_reason_once():
+    """Kernels rejected only because their backend cannot run here share one line; rows() keeps one per kernel."""
+    registry = make_toy_registry({"name": "here"})
+    registry.register_backend(Backend("far", "cuda", empty=lambda *a: None, probe=lambda: "no CUDA device here"))
+    for name in ("far_a", "far_b", "far_c"):
+        registry.register_kernel(kernel("toy", name, backend="far")(lambda args: None))
+    explanation = Dispatcher(registry).explain("toy", np.ones(3, np.float32))
+    assert [r["kernel"] for r in explanation.rows()] == ["here", "far_a", "far_b", "far_c"]
+    text = str(explanation)
+    assert text.count("no CUDA device here") == 1 and "far_a, far_b, far_c" in text
+    console = Console(width=200, record=True)
+    explanation.print(console)
+    assert console.export_text().count("no CUDA device here") == 1

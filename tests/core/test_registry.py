@@ -163,3 +163,24 @@ def test_listeners_still_hear_changes():
     registry.register_op(make_toy_registry().ops["toy"])
     registry.register_kernel(kernel("toy", "k", backend="cpu")(noop))
     assert heard == ["toy"]
+
+
+def test_a_kernels_description_is_its_docstrings_whole_first_paragraph():
+    def launch(args) -> None:
+        """Mean, then variance of the centered values, computed in `out`
+        when it has the compute dtype. In-place safe.
+
+        Details that `xpuruntime kernels` leaves out."""
+
+    spec = kernel("toy", "k", backend="cpu")(launch)
+    assert (
+        spec.doc
+        == "Mean, then variance of the centered values, computed in `out` when it has the compute dtype. In-place safe."
+    )
+    assert kernel("toy", "k", backend="cpu", doc="Given.")(launch).doc == "Given."
+
+
+def test_every_registered_kernel_is_described_in_whole_sentences():
+    cut = [f"{k.qualified_name}: {k.doc!r}" for op in xrt.default_registry().ops
+           for k in xrt.default_registry().kernels_for(op) if not k.doc.rstrip().endswith((".", ")", "!", "?"))]  # fmt: skip
+    assert not cut, cut

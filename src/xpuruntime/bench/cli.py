@@ -12,6 +12,7 @@ from typing import Any
 from rich.console import Console
 
 from ..errors import ArgumentError
+from ..install import pip_hint
 from . import report, summary
 from .row import Result
 from .runner import discover, run, select
@@ -67,7 +68,7 @@ def run_cli(args: Any) -> int:
     say(report.markdown(results, doc))
     say(f"wrote {', '.join(map(str, written))}")
     if report.plottable(results) and len(written) < 3:
-        say(f"{stem}.png not drawn: matplotlib is not installed (pip install 'xpuruntime[bench]')", style="yellow")
+        say(f"{stem}.png not drawn: matplotlib is not installed ({pip_hint('bench')})", style="yellow")
     return 0 if all(r.status in ("ok", "skipped") for r in results) else 1
 
 

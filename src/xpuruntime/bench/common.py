@@ -43,7 +43,7 @@ def needs_onnxruntime() -> str | None:
     try:
         import onnxruntime  # noqa: F401
     except ImportError:
-        return "needs onnxruntime (pip install onnxruntime)"
+        return 'needs onnxruntime (pip install "onnxruntime")'
     return None
 
 

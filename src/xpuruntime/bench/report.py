@@ -11,6 +11,7 @@ import os
 import platform
 import re
 import subprocess
+import textwrap
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -192,7 +193,8 @@ def header(doc: dict[str, Any]) -> str:
     gpu = m.get("gpu") or "no GPU"
     extra = ", ".join(f"{k} {m[k]}" for k in ("driver_version", "clocks.max.sm") if m.get(k))
     libs = ", ".join(f"{k} {v[k]}" for k in ("torch", "triton", "nvmath-python", "onnxruntime") if v.get(k))
-    return (f"{gpu}{f' ({extra})' if extra else ''}; CPU {m.get('cpu')}; Python {v.get('python')}, {libs}; "
+    cpu = f"; CPU {m['cpu']}" if m.get("cpu") else ""
+    return (f"{gpu}{f' ({extra})' if extra else ''}{cpu}; Python {v.get('python')}, {libs}; "
             f"commit {doc.get('commit') or 'unknown'}; {doc.get('date')}.")  # fmt: skip
 
 
@@ -239,19 +241,31 @@ def ratio_chart(results: Sequence[Result], path: Path, title: str = "") -> bool:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, LogLocator
 
-    fig, ax = plt.subplots(figsize=(9.0, max(3.0, 0.28 * len(plotted) + 1.5)))
+    fig, ax = plt.subplots(figsize=(9.0, max(3.0, 0.28 * len(plotted) + 1.8)))
     y = list(range(len(plotted)))[::-1]
     colors = ["tab:green" if r.met else "tab:red" if r.met is False else "tab:gray" for r in plotted]
-    ax.barh(y, [r.ratio for r in plotted], color=colors, left=0)
+    ax.barh(y, [r.ratio - 1.0 for r in plotted], left=1.0, color=colors)  # from 1: left is slower, right faster
+    ax.plot([r.ratio for r in plotted], y, "o", color="black", markersize=3)  # visible at a ratio of 1 too
     ax.set_xscale("log")
+    targets = [r.target for r in plotted if r.target is not None and r.target_kind == "ratio" and r.target > 0]
     for yi, r in zip(y, plotted):
-        if r.target is not None and r.target_kind == "ratio":
+        if r.target is not None and r.target_kind == "ratio" and r.target > 0:
             ax.vlines(r.target, yi - 0.4, yi + 0.4, colors="black", linestyles="dashed")
+    values = [r.ratio for r in plotted] + targets + [1.0]
+    ax.set_xlim(min(values) / 1.25, max(values) * 1.25)
+    ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 1.5, 2.0, 3.0, 5.0, 7.0)))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.xaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
     ax.axvline(1.0, color="gray", linewidth=0.8)
     ax.set_yticks(y, [f"{r.subject}: {r.name}" if r.subject else r.name for r in plotted], fontsize=7)
-    ax.set_xlabel("ours / anchor throughput (log scale; > 1: ours faster)")
-    ax.set_title(title or "xpuruntime vs anchors (dashed: ratio target; green met, red missed)", fontsize=9)
+    ax.set_xlabel("ours / anchor throughput (log scale; right of 1: ours faster)")
+    ax.set_title(
+        "\n".join(textwrap.wrap(title or "xpuruntime vs anchors", 110))
+        + "\ndashed: ratio target; green met, red missed",
+        fontsize=7,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -268,7 +282,7 @@ def write_run(results: Sequence[Result], out_dir: Path, stem: str, doc: dict[str
     json_path.write_text(json.dumps(doc, indent=1, default=str) + "\n")
     md_path.write_text(markdown(results, doc))
     written = [json_path, md_path]
-    if chart and ratio_chart(results, png_path, header(doc)[:120]):
+    if chart and ratio_chart(results, png_path, header(doc)):
         written.append(png_path)
     else:
         png_path.unlink(missing_ok=True)  # an older chart of this stem must not pass for this run's

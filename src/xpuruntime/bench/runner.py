@@ -16,7 +16,7 @@ from .row import Result, Row, Setup, Timer
 from .timing import default_timer, interleaved
 
 OURS, ANCHOR = "ours", "anchor"
-SELECTION_FLOORS = {"auto": 0.95, "autotune": 0.98}  # the fastest kernel's time over the mode's (DESIGN §4)
+SELECTION_FLOORS = {"auto": 0.95, "autotune": 0.98}  # the fastest kernel's time over the mode's
 NOT_SUBJECTS = ("row", "common", "timing", "runner", "report", "summary", "cli")  # the suite's own modules
 
 

@@ -26,7 +26,8 @@ Each table compares one subject's kernels or paths with an anchor (PyTorch, cuBL
 plain copy) timed in the same process. **Ratio** is ours over the anchor in throughput, so above 1 means ours
 is faster; targets are those of the project's design. Each row links the result file it came from, which
 holds the machine (GPU, driver, clocks, CPU), the versions, the commit and the date, beside its markdown
-table and a chart of the ratios.
+table and a chart of the ratios. Runs recorded before result files carried their commit name the commit
+that added the file; rows transcribed from a probe's raw log link that log (`benchmarks/results/raw/`).
 
 Reproduce everything on a GPU machine with `xpuruntime bench --out benchmarks/results`, then regenerate this
 file with `xpuruntime bench report benchmarks/results/*.json --output BENCHMARKS.md` (`--only SUBJECT` runs
@@ -71,6 +72,13 @@ def _subject_doc(subject: str) -> str:
     return first
 
 
+def _suite_order() -> dict[tuple[str, str], int]:
+    """Each row's position in the suite, so that a table lists its rows as the subject's module does."""
+    from .runner import discover
+
+    return {(r.subject, r.name): i for i, r in enumerate(discover()[0])}
+
+
 def _run_link(entry: Entry, base: Path) -> str:
     """'[H100 · 1366ff6 · 2026-11-22](benchmarks/results/....json)': the machine, commit and date of the run."""
     machine = entry.doc["machine"].get("gpu") or entry.doc["machine"].get("cpu") or "?"
@@ -99,6 +107,13 @@ def _met(r: Result) -> str:
     return "yes" if r.met else f"**no** ({r.missed_by * 100:.1f} % short)"
 
 
+def _ratio(r: Result) -> str:
+    """Ours over the anchor ('1.34'), or for host-cost rows what ours costs beyond it ('+1.41 µs')."""
+    if r.target_kind == "µs over anchor" and r.ours_ms is not None and r.anchor_ms is not None:
+        return f"+{(r.ours_ms - r.anchor_ms) * 1e3:.2f} µs"
+    return "—" if r.ratio is None else f"{r.ratio:#.3g}"
+
+
 def _table(entries: Sequence[Entry], base: Path) -> list[str]:
     lines = ["| what | anchor | ours | ratio | target | met | run |", "|---|---|---:|---:|---|---|---|"]
     for e in entries:
@@ -107,7 +122,7 @@ def _table(entries: Sequence[Entry], base: Path) -> list[str]:
         if r.anchor_value is not None:
             anchor += f": {_value(r.anchor_value, r.units)}"
         what = f"{r.name}" + (f" ({r.doc})" if r.doc else "")
-        cells = (what, anchor, _value(r.ours_value, r.units), report.fmt(r.ratio), report.target_text(r), _met(r),
+        cells = (what, anchor, _value(r.ours_value, r.units), _ratio(r), report.target_text(r), _met(r),
                  _run_link(e, base))  # fmt: skip
         lines.append("| " + " | ".join(c.replace("|", "\\|").replace("\n", " ") for c in cells) + " |")
     return lines
@@ -129,7 +144,10 @@ def benchmarks_markdown(paths: Iterable[Path], base: Path) -> str:
     """The whole BENCHMARKS.md for these result files; links are relative to `base` (the file's folder)."""
     chosen = latest(paths)
     subjects = sorted({s for s, _ in chosen}, key=lambda s: (SUBJECT_ORDER.index(s) if s in SUBJECT_ORDER else 99, s))
-    by_subject = {s: [e for (subj, _), e in chosen.items() if subj == s] for s in subjects}
+    order = _suite_order()
+    by_subject = {s: sorted((e for (subj, _), e in chosen.items() if subj == s),
+                            key=lambda e: order.get((e.result.subject, e.result.name), len(order)))
+                  for s in subjects}  # fmt: skip
     text = [INTRO, "## At a glance\n", *_glance(by_subject), ""]
     for subject in subjects:
         text += [f"## {subject}\n"]

@@ -34,6 +34,7 @@ import tempfile
 import threading
 import warnings
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -258,3 +259,59 @@ def put(key: str | Mapping[str, Any], value: Mapping[str, Any]) -> None:
 def get_or_tune(key: str | Mapping[str, Any], tune: Callable[[], Mapping[str, Any]]) -> dict:
     """The cached value for `key`, or `tune()`'s result, stored."""
     return default_cache().get_or_tune(key, tune)
+
+
+# -- what is cached (for `xpuruntime cache`) -------------------------------------------------------------------
+@dataclass(frozen=True)
+class Entry:
+    """One file of the cache as `xpuruntime cache list` shows it: what was tuned (`kind`: the op or the tuned
+    kernel), its key and value, and why it would be ignored (`problem`: corrupt, another format, or written
+    under other versions of the libraries the timing depends on), or None when it is in use."""
+
+    path: Path
+    kind: str
+    key: dict | None
+    value: dict | None
+    size: int
+    modified: float
+    problem: str | None
+
+
+def entries(directory: str | os.PathLike | None = None) -> list[Entry]:
+    """Every entry file under the tuning folder (default: the process's), sorted by kind then path."""
+    root = Path(directory) if directory is not None else cache_dir() / "tuning"
+    found = [_entry(path) for path in sorted(root.glob("*/*.json"))] if root.is_dir() else []
+    return sorted(found, key=lambda e: (e.kind, str(e.path)))
+
+
+def _entry(path: Path) -> Entry:
+    stat = path.stat()
+    try:
+        entry = json.loads(path.read_bytes().decode())
+        key = json.loads(entry["key"])
+        value = entry["value"]
+        if not isinstance(key, dict) or not isinstance(value, dict):
+            raise ValueError("no key or value object")
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return Entry(path, path.parent.name, None, None, stat.st_size, stat.st_mtime, f"corrupt ({exc})")
+    problem = None
+    if entry.get("format") != FORMAT:
+        problem = f"format {entry.get('format')}, not {FORMAT}"
+    else:
+        changed = [f"{name} {was} -> {library_version(name)}" for name, was in (key.get("versions") or {}).items()
+                   if library_version(name) != was]  # fmt: skip
+        problem = f"stale: {', '.join(changed)}" if changed else None
+    return Entry(path, str(key.get("op", path.parent.name)), key, value, stat.st_size, stat.st_mtime, problem)
+
+
+def remove(chosen: Iterable[Entry]) -> int:
+    """Delete these entries' files; returns the bytes freed. Files already gone are skipped."""
+    freed = 0
+    for entry in chosen:
+        with contextlib.suppress(FileNotFoundError):
+            entry.path.unlink()
+            freed += entry.size
+    with _default_lock:
+        if _default is not None:
+            _default.clear(memory_only=True)
+    return freed

@@ -25,7 +25,7 @@ from triton_harness import (
     size,
     strict,
     torch,
-)  # fmt: skip  # fmt: skip
+)  # fmt: skip
 
 import xpuruntime as xrt
 from xpuruntime.ops.elementwise import reference as sin_affine_reference
