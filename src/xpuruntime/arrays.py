@@ -145,7 +145,8 @@ def _extent(t: TensorSpec) -> tuple[int, int]:
     return t.ptr + lo, t.ptr + hi + t.itemsize
 
 
-def _overlaps(a: Any, b: Any) -> bool:
+def overlaps(a: Any, b: Any) -> bool:
+    """Whether two arrays (NumPy or torch) may touch the same memory."""
     if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
         if not np.may_share_memory(a, b):
             return False
@@ -168,15 +169,17 @@ def _same_view(a: Any, b: Any) -> bool:
     return (sa.ptr, sa.shape, sa.strides, sa.dtype) == (sb.ptr, sb.shape, sb.strides, sb.dtype)
 
 
-def check_output_aliasing(op: str, names: tuple[str, ...], inputs: tuple, out: Any, inplace: bool) -> None:
+def check_output_aliasing(
+    op: str, names: tuple[str, ...], inputs: tuple, out: Any, inplace: bool, out_name: str = "out"
+) -> None:
     """Reject a read-only `out` and one that overlaps an input; `inplace` ops accept `out` that *is*
-    an input's view."""
+    an input's view. `out_name`: what the error calls `out` (an op's second output buffer, say)."""
     if isinstance(out, np.ndarray) and not out.flags.writeable:
-        raise ArgumentError(f"{op}: argument 'out' expected a writable array, got a read-only one")
+        raise ArgumentError(f"{op}: argument '{out_name}' expected a writable array, got a read-only one")
     for name, x in zip(names, inputs):
-        if x is None or type(x) in SCALAR_TYPES or (inplace and x is out) or not _overlaps(out, x):
+        if x is None or type(x) in SCALAR_TYPES or (inplace and x is out) or not overlaps(out, x):
             continue
         if inplace and _same_view(out, x):
             continue
         rule = "no overlap, or exactly the same view for in-place use" if inplace else "no overlap"
-        raise LayoutError(f"{op}: argument 'out' overlaps input '{name}'; expected {rule}")
+        raise LayoutError(f"{op}: argument '{out_name}' overlaps input '{name}'; expected {rule}")

@@ -119,12 +119,26 @@ def _common_device(op: str, names: tuple[str, ...], specs: tuple[InputSpec, ...]
 
 
 def check_arity(schema: OpSchema, inputs: tuple, attrs: tuple) -> None:
-    """As many inputs and attributes as the schema names (the positional form `Dispatcher.run` takes)."""
-    if len(inputs) != len(schema.inputs) or len(attrs) != len(schema.attrs):
+    """As many inputs and attributes as the schema names (the positional form `Dispatcher.run` takes);
+    trailing attributes that have defaults may be left out, so that an op can gain an attribute without
+    breaking callers that pass the older, shorter tuple."""
+    omitted = schema.attrs[len(attrs) :]
+    if (
+        len(inputs) != len(schema.inputs)
+        or len(attrs) > len(schema.attrs)
+        or any(name not in schema.defaults for name in omitted)
+    ):
         raise ArgumentError(
             f"{schema.name}: expected inputs {schema.inputs} and attributes {schema.attrs}, "
             f"got {len(inputs)} inputs and {len(attrs)} attributes"
         )
+
+
+def with_default_attrs(schema: OpSchema, attrs: tuple) -> tuple:
+    """`attrs` with the defaults of the trailing attributes it leaves out."""
+    if len(attrs) == len(schema.attrs):
+        return attrs
+    return (*attrs, *(schema.defaults[name] for name in schema.attrs[len(attrs) :]))
 
 
 def build_context(schema: OpSchema, inputs: tuple, attrs: tuple, out: Any, policy: KernelPolicy) -> DispatchContext:
@@ -132,6 +146,7 @@ def build_context(schema: OpSchema, inputs: tuple, attrs: tuple, out: Any, polic
     from .runtime.device import compute_capability
 
     check_arity(schema, inputs, attrs)
+    attrs = with_default_attrs(schema, attrs)
     specs = tuple(_describe_input(schema, n, v) for n, v in zip(schema.inputs, inputs))
     out_spec = None if out is None else _describe_out(schema.name, out)
     device = _common_device(schema.name, schema.inputs, specs, out_spec)

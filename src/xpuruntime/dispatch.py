@@ -125,6 +125,8 @@ class Dispatcher:
         if plan is None:  # tuning launches kernels: nested framework calls go to the framework
             plan = _tracked(self._plan_miss, op, inputs, attrs, out, policy, key)
         stream = None if plan.current_stream is None else plan.current_stream(plan.device)
+        if plan.schema.buffers:
+            plan.schema.check_buffers(inputs)
         if out is not None:
             plan.schema.check_layout(inputs, out)
         elif not plan.returns_output:

@@ -11,7 +11,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from .arrays import check_output_aliasing
+from .errors import ArgumentError
 
 if TYPE_CHECKING:
     from .context import DispatchContext
@@ -40,9 +43,18 @@ class OpSchema:
     scalars: frozenset[str] = field(default_factory=frozenset)  # inputs that may be Python numbers
     normalize_attrs: Callable[[DispatchContext], dict[str, Any]] = _no_attrs
     inplace: bool = False  # `out` may be exactly an input's view (elementwise-style ops)
+    # inputs the kernels write: outputs beyond the one the ABI has (attention_forward's lse), filled like `out`
+    buffers: frozenset[str] = field(default_factory=frozenset)
     flops: Callable[[DispatchContext], int] = _no_flops
     doc: str = ""
 
     def check_layout(self, inputs: tuple, out: Any) -> None:
         """CheckLayout: the aliasing rule between a caller's `out` and the inputs."""
         check_output_aliasing(self.name, self.inputs, inputs, out, self.inplace)
+
+    def check_buffers(self, inputs: tuple) -> None:
+        """The input buffers the kernels write must be writable (a read-only NumPy view is not; that is no
+        part of the plan-cache key, so it is checked on every call)."""
+        for name, x in zip(self.inputs, inputs):
+            if name in self.buffers and isinstance(x, np.ndarray) and not x.flags.writeable:
+                raise ArgumentError(f"{self.name}: argument '{name}' expected a writable array, got a read-only one")

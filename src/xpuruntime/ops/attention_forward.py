@@ -150,6 +150,7 @@ ATTENTION_FORWARD = OpSchema(
     name="attention_forward",
     inputs=("q", "k", "v", "attn_mask", "lse"),
     optional=frozenset({"attn_mask"}),
+    buffers=frozenset({"lse"}),
     attrs=("is_causal", "scale", "enable_gqa"),
     defaults={"is_causal": False, "scale": None, "enable_gqa": False},
     normalize_attrs=_normalize,
