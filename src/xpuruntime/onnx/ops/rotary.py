@@ -28,9 +28,11 @@ def _rotary(xp: Any, node: Node, opset: int, x: Any, cos: Any, sin: Any, positio
         if xp is NUMPY:
             check_indices("RotaryEmbedding", positions, cos.shape[0], 0, cos.shape)
         cos, sin = xp.take(cos, positions), xp.take(sin, positions)
-    if width % 2 or width > x.shape[3] or tuple(cos.shape) != (*x.shape[:2], width // 2) or cos.shape != sin.shape:
-        raise ShapeError(f"RotaryEmbedding: cos / sin {tuple(cos.shape)} must be (B, S, {width // 2}) for a rotary "
-                         f"dim of {width} (input {shape})")  # fmt: skip
+    batch, seq = x.shape[:2]
+    fits = cos.ndim == 3 and cos.shape[0] in (1, batch) and tuple(cos.shape[1:]) == (seq, width // 2)
+    if width % 2 or width > x.shape[3] or not fits or cos.shape != sin.shape:  # a batch of 1 broadcasts, as in PyTorch
+        raise ShapeError(f"RotaryEmbedding: cos / sin {tuple(cos.shape)} must be (B or 1, S, {width // 2}) for a "
+                         f"rotary dim of {width} (input {shape})")  # fmt: skip
     cos, sin = cos[:, :, None, :], sin[:, :, None, :]
     rotated, kept = x[..., :width], x[..., width:]
     half = width // 2
