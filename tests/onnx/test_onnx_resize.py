@@ -401,7 +401,8 @@ def test_resize_antialias_matches_onnxruntime(mode: str, exclude: int, coordinat
         if "narrowing_error" not in str(exc):
             raise
         pytest.skip(f"onnxruntime {ort.__version__} fails on this model (narrowing_error); newer releases run it")
-    same(ours(model, feed), want)
+    # float32 cubic taps summed in another order than onnxruntime's: 1.13e-5 seen on CI's machine
+    same(ours(model, feed), want, atol=3e-5)
 
 
 @pytest.mark.parametrize("opset", [18, 19])
