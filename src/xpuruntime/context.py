@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .abi import MathMode, TensorSpec
-from .arrays import SCALAR_TYPES, describe
+from .arrays import SCALAR_TYPES, describe, overlaps_itself
 from .errors import ArgumentError, DeviceMismatchError, DTypeError, LayoutError, ShapeError, argument_error
 
 if TYPE_CHECKING:
@@ -156,3 +156,6 @@ def _check_out(ctx: DispatchContext, out: TensorSpec) -> None:
         raise argument_error(ShapeError, ctx.op, "out", f"shape {ctx.out_shape}", out.shape)
     if out.dtype != ctx.out_dtype:
         raise argument_error(DTypeError, ctx.op, "out", f"dtype {ctx.out_dtype}", out.dtype)
+    if overlaps_itself(out.shape, out.strides):  # strides are in the plan key: checked once per plan
+        raise argument_error(LayoutError, ctx.op, "out", "an array whose elements do not overlap each other",
+                             f"strides {out.strides} for shape {out.shape} (a zero or overlapping stride)")  # fmt: skip

@@ -11,10 +11,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .arrays import check_output_aliasing
+from .arrays import check_output_aliasing, returned_array_problem
 
 if TYPE_CHECKING:
     from .context import DispatchContext
+
+# (shape, dtype) of each part of a returns_output kernel's tuple result, where the op allows one
+ReturnedParts = Callable[["DispatchContext"], tuple[tuple[tuple[int, ...], str], ...]]
 
 
 def _no_attrs(ctx: DispatchContext) -> dict[str, Any]:
@@ -41,8 +44,23 @@ class OpSchema:
     normalize_attrs: Callable[[DispatchContext], dict[str, Any]] = _no_attrs
     inplace: bool = False  # `out` may be exactly an input's view (elementwise-style ops)
     flops: Callable[[DispatchContext], int] = _no_flops
+    returned_parts: ReturnedParts | None = None  # a returns_output kernel may return a tuple of these instead
     doc: str = ""
 
     def check_layout(self, inputs: tuple, out: Any) -> None:
         """CheckLayout: the aliasing rule between a caller's `out` and the inputs."""
         check_output_aliasing(self.name, self.inputs, inputs, out, self.inplace)
+
+    def returned_problem(self, ctx: DispatchContext, returned: Any) -> str | None:
+        """What is wrong with a returns_output kernel's result for `ctx` (None: nothing): it must be an array
+        of the inferred shape and dtype on the call's device, or the tuple `returned_parts` describes."""
+        if type(returned) is tuple and self.returned_parts is not None:
+            parts = self.returned_parts(ctx)
+            if len(returned) != len(parts):
+                return f"a tuple of {len(parts)} arrays, got a tuple of {len(returned)}"
+            for index, (part, (shape, dtype)) in enumerate(zip(returned, parts)):
+                problem = returned_array_problem(part, shape, dtype, ctx.device)
+                if problem is not None:
+                    return f"{problem} as item {index} of its tuple"
+            return None
+        return returned_array_problem(returned, ctx.out_shape, ctx.out_dtype, ctx.device)

@@ -25,7 +25,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from .. import __version__
-from ..errors import ArgumentError, XpuRuntimeError
+from ..errors import ArgumentError, FileError, XpuRuntimeError
 
 OPTIONAL_PACKAGES = (
     "torch", "triton", "nvmath-python", "cuda-core", "cuda-python", "cuda-bindings", "onnx", "onnxruntime",
@@ -70,7 +70,7 @@ def parse_literal(text: str) -> Any:
 def parse_attr(text: str) -> tuple[str, Any]:
     """'axis=-1' -> ('axis', -1)."""
     key, sep, value = text.partition("=")
-    if not sep or not key.strip():
+    if not sep or not key.strip() or not value.strip():
         raise ArgumentError(f"bad --attr {text!r}: expected name=value, like axis=-1")
     return key.strip(), parse_literal(value)
 
@@ -128,6 +128,7 @@ def cmd_info(args: argparse.Namespace, console: Console) -> int:
     import numpy
 
     from ..registry import default_registry
+    from ..runtime import extension
     from ..runtime.device import devices, probe_report
     from ..runtime.tuning_cache import cache_dir
 
@@ -160,7 +161,12 @@ def cmd_info(args: argparse.Namespace, console: Console) -> int:
         console.print(f"CUDA probe: {escape(line)}", highlight=False)
     gpu = [b.name for b in registry.backends.values() if b.device_type == "cuda" and b.unavailable_reason is None]
     console.print(f"GPU backends available: {', '.join(gpu) or 'none'}", highlight=False)
-    console.print(f"Tuning cache: {escape(str(cache_dir()))} (set XPURUNTIME_CACHE_DIR to move it)", highlight=False)
+    try:
+        folder = escape(str(cache_dir()))
+    except FileError as exc:
+        folder = f"[red]unusable:[/] {escape(str(exc))}"
+    console.print(f"Tuning cache: {folder} (set XPURUNTIME_CACHE_DIR to move it)", highlight=False)
+    console.print(f"C++ extension: {escape(extension.status())}", highlight=False)
     return 0
 
 
@@ -275,4 +281,7 @@ def main(argv: list[str] | None = None) -> int:
         return handler(args, make_console())
     except (XpuRuntimeError, OSError) as exc:
         print(f"xpuruntime {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except MemoryError as exc:  # what was asked for does not fit (sizes are checked first where they are known)
+        print(f"xpuruntime {args.command}: error: out of memory: {exc or 'an allocation failed'}", file=sys.stderr)
         return 2

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numbers
 import operator
 from typing import Any
 
@@ -12,7 +11,7 @@ from ..context import DispatchContext
 from ..dispatch import run
 from ..errors import ArgumentError, ShapeError, argument_error
 from ..schema import OpSchema
-from .checks import numel, require_dtype_like, require_float
+from .checks import finite_float, numel, require_dtype_like, require_float
 
 
 def _normalized_shape(ctx: DispatchContext) -> tuple[int, ...]:
@@ -41,9 +40,7 @@ def _eps(ctx: DispatchContext, default: float | None) -> float:
     eps = ctx.attrs["eps"]
     if eps is None:
         eps = default if default is not None else MACHINE_EPSILON.get(ctx.tensor("x").dtype)
-    if not isinstance(eps, numbers.Real) or isinstance(eps, bool) or not 0 <= eps < float("inf"):
-        raise argument_error(ArgumentError, ctx.op, "eps", "a number >= 0", repr(eps))
-    return float(eps)
+    return finite_float(ctx.op, "eps", eps, "a finite number >= 0", minimum=0.0)
 
 
 def _check_params(ctx: DispatchContext, names: tuple[str, ...], dims: tuple[int, ...]) -> None:

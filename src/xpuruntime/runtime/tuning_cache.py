@@ -18,11 +18,14 @@ a complete entry and the last rename wins, which is fine for a cache: no lock is
 does not parse, or whose recorded key or format differs from the one asked for (stale), is ignored with
 one warning per file and process, and the next `put` replaces it. A folder that cannot be written is
 warned about once; the entries are then kept in memory only.
+
+Files are read and written through `CacheFolder` (runtime/cache_folder.py): never through a link inside the
+cache folder, never a file that is not regular (a FIFO or a device is "cannot be read", not a hang), never
+more than MAX_ENTRY_BYTES of one entry; `clear()` deletes regular entry files only.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import importlib.metadata
@@ -30,15 +33,18 @@ import inspect
 import json
 import math
 import os
-import tempfile
 import threading
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from ..errors import FileError
+from .cache_folder import CacheFolder
+
 ENV_CACHE_DIR = "XPURUNTIME_CACHE_DIR"
 FORMAT = 1
+MAX_ENTRY_BYTES = 1 << 20  # an entry is a few hundred bytes: anything this large is not one
 LIBRARIES = ("xpuruntime", "torch", "triton", "nvmath-python")
 
 
@@ -47,9 +53,14 @@ class TuningCacheWarning(UserWarning):
 
 
 def cache_dir() -> Path:
-    """The root cache folder: $XPURUNTIME_CACHE_DIR, else ~/.cache/xpuruntime."""
+    """The root cache folder: $XPURUNTIME_CACHE_DIR, else ~/.cache/xpuruntime. FileError when it cannot be
+    named (a '~user' that does not exist, no home folder)."""
     override = os.environ.get(ENV_CACHE_DIR)
-    return Path(override).expanduser() if override else Path.home() / ".cache" / "xpuruntime"
+    try:
+        return Path(override).expanduser() if override else Path.home() / ".cache" / "xpuruntime"
+    except RuntimeError as exc:  # pathlib's "Could not determine home directory"
+        where = f"{ENV_CACHE_DIR}={override!r}" if override else "the cache folder (~/.cache/xpuruntime)"
+        raise FileError(f"{where} cannot be used: {exc}; set {ENV_CACHE_DIR} to a folder") from None
 
 
 @functools.cache
@@ -116,16 +127,26 @@ def canonical(parts: Mapping[str, Any] | str) -> str:
 class TuningCache:
     """Per-key JSON files under one folder, with an in-memory layer; see the module docstring."""
 
-    def __init__(self, directory: str | os.PathLike | None = None) -> None:
-        self.directory = Path(directory) if directory is not None else cache_dir() / "tuning"
+    def __init__(self, directory: str | os.PathLike | None = None, *, memory_only: bool = False) -> None:
+        if directory is None and not memory_only:  # the default folder sits inside the cache root
+            root = cache_dir()
+            self.directory, self._files, self._prefix = root / "tuning", CacheFolder(root), ("tuning",)
+        else:
+            self.directory = Path(directory) if directory is not None else None
+            self._files = None if memory_only else CacheFolder(self.directory)
+            self._prefix = ()
         self._memory: dict[str, dict] = {}
         self._lock = threading.Lock()
 
     def path(self, key: str | Mapping[str, Any]) -> Path:
         """The file holding `key`'s entry: <dir>/<op>/<sha256 of the key>.json."""
-        text = canonical(key)
+        if self.directory is None:
+            raise FileError("this tuning cache keeps its entries in memory only: no file holds them")
+        return self.directory.joinpath(*self._parts(canonical(key))[len(self._prefix) :])
+
+    def _parts(self, text: str) -> tuple[str, ...]:
         op = _safe_name(json.loads(text).get("op", "misc")) if text.startswith("{") else "misc"
-        return self.directory / op / f"{hashlib.sha256(text.encode()).hexdigest()[:32]}.json"
+        return (*self._prefix, op, f"{hashlib.sha256(text.encode()).hexdigest()[:32]}.json")
 
     def get(self, key: str | Mapping[str, Any]) -> dict | None:
         """The stored value for `key`, or None when absent, corrupt or stale."""
@@ -149,9 +170,11 @@ class TuningCache:
             raise TypeError(f"tuning_cache.put: value must be a JSON-serializable mapping: {exc}") from None
         with self._lock:
             self._memory[text] = json.loads(body)["value"]
+        if self._files is None:
+            return
         try:
-            _atomic_write(self.path(text), body)
-        except OSError as exc:  # read-only or full disk: tuning must still work, from memory
+            self._files.write(self._parts(text), body.encode())
+        except OSError as exc:  # read-only or full disk, a link inside the cache: tuning works on, from memory
             what = f"tuning cache folder {self.directory} cannot be written ({exc}); keeping results in memory only"
             _warn_once(str(self.directory), what, stacklevel=3)
 
@@ -164,29 +187,31 @@ class TuningCache:
         return value
 
     def clear(self, memory_only: bool = False) -> None:
-        """Forget the in-memory layer, and unless `memory_only` also delete every entry on disk."""
+        """Forget the in-memory layer, and unless `memory_only` also delete every entry on disk: the regular
+        files of the op folders, never anything a link inside the cache points to."""
         with self._lock:
             self._memory.clear()
-        if not memory_only and self.directory.exists():
-            for file in self.directory.glob("*/*.json"):
-                with contextlib.suppress(OSError):
-                    file.unlink()
+        if not memory_only and self._files is not None:
+            self._files.remove_files(self._prefix, (".json",), depth=1)
 
     def _read(self, text: str) -> dict | None:
-        path = self.path(text)
-        try:
-            raw = path.read_bytes()
-        except FileNotFoundError:
+        if self._files is None:
             return None
-        except OSError as exc:
+        parts = self._parts(text)
+        path = self._files.path(parts)
+        try:
+            raw = self._files.read(parts, "tuning cache file", limit=MAX_ENTRY_BYTES)
+        except OSError as exc:  # unreadable, not a regular file, a link, too large
             self._warn(path, f"cannot be read ({exc})")
+            return None
+        if raw is None:
             return None
         try:
             entry = json.loads(raw.decode())
             if not isinstance(entry, dict) or not isinstance(entry.get("value"), dict):
                 raise ValueError("no value object")
-        except ValueError as exc:
-            self._warn(path, f"is corrupt ({exc})")
+        except (ValueError, RecursionError) as exc:  # RecursionError: nested deeper than the parser goes
+            self._warn(path, f"is corrupt ({type(exc).__name__}: {str(exc)[:200]})")
             return None
         if entry.get("format") != FORMAT or entry.get("key") != text:
             self._warn(path, "is stale (written for another format or key)")
@@ -215,22 +240,6 @@ def _safe_name(op: Any) -> str:
     return text.strip(".") or "misc"
 
 
-def _atomic_write(path: Path, body: str) -> None:
-    """Write to a temporary file beside `path`, flush it to disk, then rename it over `path`."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(body)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
 _default: TuningCache | None = None
 _default_lock = threading.Lock()
 
@@ -238,10 +247,14 @@ _default_lock = threading.Lock()
 def default_cache() -> TuningCache:
     """The process-wide cache; follows $XPURUNTIME_CACHE_DIR if it changes."""
     global _default
-    directory = cache_dir() / "tuning"
+    try:
+        directory = cache_dir() / "tuning"
+    except FileError as exc:  # no usable folder: tuning works on, from memory
+        _warn_once("cache_dir", f"{exc}; tuning results are kept in memory only", stacklevel=4)
+        directory = None
     with _default_lock:
         if _default is None or _default.directory != directory:
-            _default = TuningCache(directory)
+            _default = TuningCache() if directory is not None else TuningCache(memory_only=True)
         return _default
 
 
