@@ -143,7 +143,11 @@ class TensorSpec:
             object.__setattr__(self, "shape", _integers("shape", shape, "a sequence of sizes >= 0", minimum=0))
         if self.strides is None:
             object.__setattr__(self, "strides", contiguous_strides(self.shape))
-        elif type(self.strides) is not tuple or len(self.strides) != len(self.shape):
+        elif (
+            type(self.strides) is not tuple
+            or len(self.strides) != len(self.shape)
+            or not all(type(s) is int for s in self.strides)
+        ):
             strides = _integers("strides", self.strides, f"{len(self.shape)} integers (one per size)")
             if len(strides) != len(self.shape):
                 raise _spec_error("strides", f"{len(self.shape)} integers (one per size)", self.strides)

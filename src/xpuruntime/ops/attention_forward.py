@@ -23,10 +23,12 @@ from typing import Any
 
 import numpy as np
 
+from ..abi import itemsize
 from ..arrays import as_array, is_torch_tensor
 from ..context import DispatchContext
 from ..dispatch import run
 from ..errors import DTypeError, ShapeError, argument_error
+from ..runtime.capacity import check_fits
 from ..schema import OpSchema
 from .attention import causal_mask, check_bool, check_dtypes, check_mask_and_scale, check_qkv
 
@@ -162,7 +164,9 @@ ATTENTION_FORWARD = OpSchema(
 
 
 def empty_like_backend(x: Any, shape: tuple[int, ...], dtype: str) -> Any:
-    """An uninitialized array on x's device and library (NumPy or torch)."""
+    """An uninitialized array on x's device and library (NumPy or torch), sized against the device first."""
+    device = str(x.device) if is_torch_tensor(x) else "cpu"
+    check_fits("attention_forward: lse", shape, dtype, itemsize(dtype), device)
     if is_torch_tensor(x):
         import torch
 
