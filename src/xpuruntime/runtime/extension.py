@@ -305,6 +305,8 @@ def _compile(folder: CacheFolder, parts: tuple[str, str], library: Path) -> byte
 def _load_bytes(library: Path, data: bytes) -> ModuleType:
     """Import the extension module from exactly `data` (checked before), through a private in-memory file
     where the OS has them; `module.__file__` names the published library."""
+    import torch  # noqa: F401  (the library links against PyTorch's, which importing torch loads)
+
     try:
         fd = os.memfd_create(library.stem, os.MFD_CLOEXEC)
     except (AttributeError, OSError):  # not Linux: the published file itself, checked just before
