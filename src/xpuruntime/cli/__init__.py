@@ -25,7 +25,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from .. import __version__
-from ..errors import ArgumentError, FileError, XpuRuntimeError
+from ..errors import ArgumentError, FileError, XpuRuntimeError, cut
 
 OPTIONAL_PACKAGES = (
     "torch", "triton", "nvmath-python", "cuda-core", "cuda-python", "cuda-bindings", "onnx", "onnxruntime",
@@ -84,7 +84,13 @@ def tensor_specs(shapes: Sequence[str], dtypes: Sequence[str]) -> list[Any]:
             f"give one --dtype for all shapes or one per --shape (got {len(dtypes)} dtypes for {len(shapes)} shapes)"
         )
     dtypes = list(dtypes) * len(shapes) if len(dtypes) == 1 else list(dtypes)
-    return [TensorSpec(parse_shape(shape), dtype) for shape, dtype in zip(shapes, dtypes)]
+    specs = []
+    for shape, dtype in zip(shapes, dtypes):
+        try:
+            specs.append(TensorSpec(parse_shape(shape), dtype))
+        except ArgumentError as exc:  # TensorSpec names its field; the user typed an option
+            raise ArgumentError(f"bad --dtype {dtype!r}: {str(exc).partition(' expected ')[2]}") from None
+    return specs
 
 
 # -- small formatting helpers --------------------------------------------------------------------
@@ -223,11 +229,19 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
 
 
 # -- the parser ----------------------------------------------------------------------------------
-def _positive_int(text: str) -> int:
-    """argparse type for --iterations: an integer >= 1."""
-    if not text.strip().isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
-    return int(text)
+MAX_ITERATIONS = 100_000  # a bound on repeated runs: a mistyped count must not run for days
+
+
+def bounded_int(low: int, high: int = MAX_ITERATIONS) -> Callable[[str], int]:
+    """argparse type: an integer in [low, high], in ASCII digits ('²' is a digit to str.isdigit)."""
+
+    def parse(text: str) -> int:
+        digits = text.strip()
+        if not (digits.isascii() and digits.isdigit()) or not low <= int(digits) <= high:
+            raise argparse.ArgumentTypeError(f"expected an integer from {low} to {high}, got {cut(text, 40)!r}")
+        return int(digits)
+
+    return parse
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -252,7 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
     ex.set_defaults(handler=cmd_explain)
 
     demo = commands.add_parser("demo", help="run the built-in encoder demo under several policies")
-    demo.add_argument("--iterations", type=_positive_int, default=3, help="forward passes per policy (default 3)")
+    demo.add_argument("--iterations", type=bounded_int(1), default=3, help="forward passes per policy (default 3)")
     demo.add_argument("--trace", help="profile the auto run and write a Chrome trace here")
     demo.add_argument("--size", choices=("small", "medium"), default="small")
     demo.set_defaults(handler=cmd_demo)

@@ -93,13 +93,6 @@ def _npy_header(archive: zipfile.ZipFile, name: str) -> tuple[tuple[int, ...], n
     return shape, dtype
 
 
-def _non_negative_int(text: str) -> int:
-    """argparse type for --iterations: an integer >= 0."""
-    if not text.strip().isdigit():
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
-    return int(text)
-
-
 def cmd_run(args: argparse.Namespace, console: Console) -> int:
     """Run a model (or the built-in encoder) and print what happened."""
     from ..onnx import InferenceSession, SessionOptions
@@ -157,6 +150,8 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
 
 def add_parser(commands: Any) -> None:
     """Register the `run` subcommand on the CLI's subparsers."""
+    from . import bounded_int
+
     run = commands.add_parser("run", help="run an ONNX model (default: a built-in encoder)")
     run.add_argument("model", nargs="?", help="MODEL.onnx (default: the built-in encoder)")
     run.add_argument("--device", default="cpu", help="cpu or cuda")
@@ -164,6 +159,6 @@ def add_parser(commands: Any) -> None:
     run.add_argument("--inputs", help="a .npz file with one array per model input")
     run.add_argument("--level", default="all", choices=("disabled", "basic", "extended", "all"))
     run.add_argument("--dim", action="append", default=[], help="symbolic dim size NAME=INT (default 2)")
-    run.add_argument("--iterations", type=_non_negative_int, default=10, help="timed runs after the first (default 10)")
+    run.add_argument("--iterations", type=bounded_int(0), default=10, help="timed runs after the first (default 10)")
     run.add_argument("--explain", action="store_true", help="print each step's kernel and why")
     run.set_defaults(handler=cmd_run)
