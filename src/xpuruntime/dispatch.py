@@ -33,7 +33,7 @@ from .plan import Plan, PlanCache
 from .policy import KernelPolicy, current_policy
 from .registry import Backend, KernelSpec, Registry, default_registry, no_stream
 from .runtime import extension
-from .runtime.capacity import check_fits
+from .runtime.capacity import check_bytes, check_fits
 from .runtime.workspace import WorkspaceManager
 from .selector import Decision, Scorer, Selector, default_scorer
 
@@ -284,7 +284,7 @@ def _check_fits(ctx: DispatchContext, kernel: KernelSpec, workspace_bytes: int) 
     if ctx.out is None and ctx.out_shape is not None and ctx.out_dtype is not None:
         check_fits(f"{ctx.op}: output", ctx.out_shape, ctx.out_dtype, itemsize(ctx.out_dtype), ctx.device)
     if workspace_bytes:
-        check_fits(f"{ctx.op}: workspace of kernel '{kernel.name}'", (workspace_bytes,), "uint8", 1, ctx.device)
+        check_bytes(f"{ctx.op}: workspace of kernel '{kernel.name}'", workspace_bytes, ctx.device)
 
 
 def _checked_output(plan: Plan, returned: Any) -> Any:

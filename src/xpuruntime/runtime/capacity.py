@@ -39,13 +39,16 @@ def capacity(device: str) -> int | None:
 
 def check_fits(what: str, shape: Sequence[int], dtype: str, itemsize: int, device: str) -> None:
     """Raise OutOfMemoryError when an array of `shape` and `dtype` cannot fit on `device`; `what` names it
-    ("matmul: output", "input 'x'")."""
-    size = nbytes(shape, itemsize)
+    ("matmul: output", "run: input 'x'")."""
+    check_bytes(f"{what} of shape {tuple(shape)} ({dtype})", nbytes(shape, itemsize), device)
+
+
+def check_bytes(what: str, size: int, device: str) -> None:
+    """Raise OutOfMemoryError when `size` bytes cannot fit on `device`; `what` names them."""
     limit = capacity(device)
     if limit is not None and size > limit:
         raise OutOfMemoryError(
-            f"{what} of shape {tuple(shape)} ({dtype}) needs {describe_bytes(size)} ({size} bytes), more than "
-            f"the {describe_bytes(limit)} {device} has"
+            f"{what} needs {describe_bytes(size)} ({size} bytes), more than the {describe_bytes(limit)} {device} has"
         )
 
 

@@ -43,6 +43,7 @@ import numpy as np
 
 from .. import arguments, arrays
 from ..errors import FileError
+from ..files import read_bytes
 from .cache_folder import CacheFolder
 from .tuning_cache import cache_dir, library_version
 
@@ -159,7 +160,7 @@ def _library() -> Path:
         raise ImportError("the C++ extension needs PyTorch, which is not installed")
     digest = hashlib.sha256(f"{FORMAT} {torch_version} {sys.version}".encode())
     for source in SOURCES:
-        digest.update(source.read_bytes())
+        digest.update(read_bytes(source, "C++ source", limit=MAX_LIBRARY_BYTES))
     return cache_dir() / FOLDER / f"xpuruntime_native_{digest.hexdigest()[:16]}.so"
 
 
@@ -291,8 +292,6 @@ def _compile(folder: CacheFolder, parts: tuple[str, str], library: Path) -> byte
             reason, message = _compiler_message(f"{done.stdout}\n{done.stderr}")
             _record_failure(folder, parts, reason)
             raise BuildFailed(reason, message)
-        from ..files import read_bytes
-
         built = read_bytes(build / library.name, "built C++ extension", limit=MAX_LIBRARY_BYTES)
     finally:
         shutil.rmtree(build, ignore_errors=True)
