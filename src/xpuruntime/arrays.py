@@ -216,8 +216,9 @@ def check_out_autograd(op: str, names: tuple[str, ...], inputs: tuple, out: Any)
     wrong), and into an inference tensor outside inference mode."""
     torch = sys.modules["torch"]
     if torch.is_grad_enabled():
-        for name, x in (("out", out), *zip(names, inputs)):
-            if getattr(x, "requires_grad", False) is True and is_torch_tensor(x):
+        tensor = torch.Tensor
+        for name, x in zip(("out", *names), (out, *inputs)):
+            if isinstance(x, tensor) and x.requires_grad:
                 raise ArgumentError(
                     f"{op}: argument '{name}' requires grad, and a call with out= is not recorded by autograd (as "
                     "PyTorch's out= functions refuse it); call it under torch.no_grad(), or without out="

@@ -109,7 +109,7 @@ READERS = textwrap.dedent(
     from xpuruntime.errors import XpuRuntimeError
     from xpuruntime.runtime.tuning_cache import TuningCache, key
     warnings.simplefilter("ignore")
-    paths = json.loads(sys.argv[1])
+    paths, scratch = json.loads(sys.argv[1]), sys.argv[2]
     results = {}
     for name, path in paths.items():
         got = {}
@@ -130,7 +130,7 @@ READERS = textwrap.dedent(
         policy.forget_environment()
         got["run --inputs"] = main(["run", "--inputs", path, "--iterations", "0"])
         got["run model"] = main(["run", path, "--iterations", "0"])
-        cache = TuningCache(os.path.join(os.path.dirname(path), "cache-" + name.replace(" ", "-")))
+        cache = TuningCache(os.path.join(scratch, "cache-" + name.replace(" ", "-")))
         k = key("matmul", dtypes="float32", shape=(8, 8))
         entry = cache.path(k)
         entry.parent.mkdir(parents=True, exist_ok=True)
@@ -142,8 +142,9 @@ READERS = textwrap.dedent(
 )
 
 
-def test_no_reader_blocks_or_runs_out_of_memory_on_a_special_file(specials):
-    done = run_guarded(READERS, args=(json.dumps({k: str(v) for k, v in specials.items()}),), timeout=60)
+def test_no_reader_blocks_or_runs_out_of_memory_on_a_special_file(specials, tmp_path):
+    paths = json.dumps({k: str(v) for k, v in specials.items()})
+    done = run_guarded(READERS, args=(paths, str(tmp_path / "scratch")), timeout=60)
     assert_clean(done)
     results = json.loads(done.stdout.strip().splitlines()[-1])
     for name, got in results.items():

@@ -249,10 +249,10 @@ def test_the_publish_protocol_never_hands_over_corrupt_bytes_while_another_proce
     corrupter = _start_corrupter(tmp_path / "cache" / extension.FOLDER, name)
     handed, published = 0, 0
     try:
-        deadline = time.time() + 3
+        deadline = time.time() + 30  # a busy machine: rounds, not seconds, make the test
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # each rebuild warns once; the point here is what gets loaded
-            while time.time() < deadline:
+            while time.time() < deadline and min(handed, published) < 30:
                 checked = extension._checked_library(folder, parts)
                 if checked is None:
                     with contextlib.suppress(OSError):  # the corrupter may hold the name as a folder
@@ -264,7 +264,7 @@ def test_the_publish_protocol_never_hands_over_corrupt_bytes_while_another_proce
     finally:
         corrupter.kill()
         corrupter.wait()
-    assert handed > 10 and published > 10, (handed, published)
+    assert handed >= 30 and published >= 30, (handed, published)
     assert (tmp_path / "cache" / "outside.so").read_bytes() == b"\x7fELF outside the cache"
 
 

@@ -86,8 +86,9 @@ def tensor_specs(shapes: Sequence[str], dtypes: Sequence[str]) -> list[Any]:
     dtypes = list(dtypes) * len(shapes) if len(dtypes) == 1 else list(dtypes)
     specs = []
     for shape, dtype in zip(shapes, dtypes):
+        sizes = parse_shape(shape)
         try:
-            specs.append(TensorSpec(parse_shape(shape), dtype))
+            specs.append(TensorSpec(sizes, dtype))
         except ArgumentError as exc:  # TensorSpec names its field; the user typed an option
             raise ArgumentError(f"bad --dtype {dtype!r}: {str(exc).partition(' expected ')[2]}") from None
     return specs
