@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     device_type = torch.device(device).type
 
     if args.route_cpu:
-        from xpuruntime.pytorch.overrides import route_devices
+        from xpuruntime.pytorch.install import route_devices
 
         route_devices(("cuda", "cpu"))
     policy = make_policy(args)  # the three lines a user adds: a policy ...

@@ -20,7 +20,8 @@ import xpuruntime as xrt
 import xpuruntime.pytorch as xtorch
 from xpuruntime import autotune
 from xpuruntime.dispatch import Dispatcher
-from xpuruntime.pytorch import handback, overrides, routing
+from xpuruntime.pytorch import install, router, tuner
+from xpuruntime.pytorch.state import STATE
 from xpuruntime.registry import OPS_PACKAGE, Backend, Registry, _declared, _submodules, kernel
 from xpuruntime.schema import OpSchema
 
@@ -75,24 +76,44 @@ def _attention_math(q, k, v, mask, is_causal, scale):
     return scores
 
 
+def _grouped(q, t, args):
+    """k or v with each head repeated for its query group (enable_gqa), else as it is."""
+    if args.attrs.get("enable_gqa") and t.shape[-3] != q.shape[-3]:
+        return t.repeat_interleave(q.shape[-3] // t.shape[-3], dim=-3)
+    return t
+
+
+def _ungrouped(grad, like):
+    if grad.shape[-3] != like.shape[-3]:
+        return grad.unflatten(-3, (like.shape[-3], grad.shape[-3] // like.shape[-3])).sum(-3)
+    return grad
+
+
 def _attention_forward(args):
     CALLS["attention_forward"] += 1
     (q, k, v, mask, lse), out = _tensors(args)
+    k, v = _grouped(q, k, args), _grouped(q, v, args)
     scores = _attention_math(q.double(), k.double(), v.double(), mask, args.attrs["is_causal"], args.attrs["scale"])
     out.copy_(torch.matmul(torch.softmax(scores, -1), v.double()))
     lse.copy_(torch.logsumexp(scores, -1))
 
 
 def _attention_backward(args):
+    """Closed-form gradients in float64 (no autograd: a custom op's body runs below it)."""
     CALLS["attention_backward"] += 1
-    (dout, q, k, v, _o, lse, mask), out = _tensors(args)
-    with torch.enable_grad():
-        leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
-        scores = _attention_math(*leaves, mask, args.attrs["is_causal"], args.attrs["scale"])
-        assert torch.allclose(torch.logsumexp(scores, -1), lse.double(), atol=1e-4)  # the forward's, passed on
-        p = torch.softmax(scores, -1)
-        grads = torch.autograd.grad(torch.matmul(p, leaves[2]), leaves, dout.double())
-    out.copy_(torch.cat([g.reshape(-1) for g in grads]))
+    (dout, q, k_in, v_in, _o, lse, mask), out = _tensors(args)
+    k, v = _grouped(q, k_in, args), _grouped(q, v_in, args)
+    q, k, v, dout = (t.double() for t in (q, k, v, dout))
+    scale = args.attrs["scale"]
+    scores = _attention_math(q, k, v, mask, args.attrs["is_causal"], scale)
+    assert torch.allclose(torch.logsumexp(scores, -1), lse.double(), atol=1e-4)  # the forward's, passed on
+    p = torch.softmax(scores, -1)
+    o = torch.matmul(p, v)
+    dv = torch.matmul(p.transpose(-1, -2), dout)
+    ds = p * (torch.matmul(dout, v.transpose(-1, -2)) - (dout * o).sum(-1, keepdim=True))
+    dq, dk = torch.matmul(ds, k) * scale, torch.matmul(ds.transpose(-1, -2), q) * scale
+    dk, dv = _ungrouped(dk, k_in), _ungrouped(dv, v_in)
+    out.copy_(torch.cat([g.reshape(-1) for g in (dq, dk, dv)]))
 
 
 def _layer_norm(args):
@@ -114,17 +135,17 @@ def _rms_norm(args):
 
 
 def _layer_norm_backward(args):
+    """Closed-form gradients in float64 (no autograd: a custom op's body runs below it)."""
     CALLS["layer_norm_backward"] += 1
     (dy, x, w), out = _tensors(args)
-    dims = args.attrs["normalized_shape"]
-    with torch.enable_grad():
-        xl = x.detach().double().requires_grad_()
-        wl = (torch.ones(dims, dtype=torch.float64) if w is None else w.detach().double()).requires_grad_()
-        bl = torch.zeros(dims, dtype=torch.float64, requires_grad=True)
-        y = torch.ops.aten.layer_norm.default.decompose(xl, list(dims), wl, bl, args.attrs["eps"])
-        dx, dw, db = torch.autograd.grad(y, (xl, wl, bl), dy.double())
-    n = math.prod(dims)
-    out.copy_(torch.cat([dx.reshape(-1, n), dw.reshape(1, n), db.reshape(1, n)]))
+    n = math.prod(args.attrs["normalized_shape"])
+    x2, dy2 = x.double().reshape(-1, n), dy.double().reshape(-1, n)
+    centered = x2 - x2.mean(1, keepdim=True)
+    rstd = torch.rsqrt(centered.square().mean(1, keepdim=True) + args.attrs["eps"])
+    xhat = centered * rstd
+    wdy = dy2 if w is None else dy2 * w.double().reshape(1, n)
+    dx = (wdy - xhat * (xhat * wdy).mean(1, keepdim=True) - wdy.mean(1, keepdim=True)) * rstd
+    out.copy_(torch.cat([dx, (dy2 * xhat).sum(0, keepdim=True), dy2.sum(0, keepdim=True)]))
 
 
 def make_registry() -> Registry:
@@ -166,18 +187,26 @@ def policy(*ops: str, registry: Registry, **options) -> xrt.KernelPolicy:
 def routed_registry() -> Iterator[Registry]:
     """Route CPU aten ops through a private dispatcher (use from a fixture); everything is undone after."""
     registry = make_registry()
-    routing.use_dispatcher(Dispatcher(registry))
-    overrides.route_devices(("cpu",))
+    router.use_dispatcher(Dispatcher(registry))
+    install.route_devices(("cpu",))
     CALLS.clear()
-    routing._warned_ops.clear()  # one fallback warning per op and kernel name: each test sees its own
+    forget_warnings()
     try:
         yield registry
     finally:
         xtorch.clear_kernel_policy()
-        handback.reset()
-        overrides.route_devices(("cuda",))
-        routing.use_dispatcher(None)
+        tuner.reset()
+        install.route_devices(("cuda",))
+        router.use_dispatcher(None)
         CALLS.clear()
+        forget_warnings()
+
+
+def forget_warnings() -> None:
+    """One fallback warning per op and kernel name (and per op and reason): each test sees its own."""
+    STATE.router.warned.clear()
+    STATE.tracing.warned.clear()
+    STATE.tracing.decisions.clear()
 
 
 def run_without_extension(code: str, timeout: float = 300) -> str:

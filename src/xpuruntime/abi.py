@@ -84,6 +84,7 @@ class LaunchConfig:
     params: dict[str, Any] = field(default_factory=dict)
 
     def describe(self) -> str:
+        """The config as one line for messages and traces: grid, block, shared memory, params."""
         text = f"grid={self.grid} block={self.block}"
         if self.smem_bytes:
             text += f" smem={self.smem_bytes}B"
@@ -168,14 +169,17 @@ class TensorSpec:
 
     @property
     def ndim(self) -> int:
+        """Number of dimensions."""
         return len(self.shape)
 
     @property
     def numel(self) -> int:
+        """Number of elements (the product of the shape)."""
         return math.prod(self.shape)
 
     @property
     def nbytes(self) -> int:
+        """Bytes the elements take (numel times the itemsize), whatever the strides."""
         return self.numel * self.itemsize
 
     @property
@@ -240,6 +244,7 @@ class ArgPack:
 
     @property
     def workspace_bytes(self) -> int:
+        """Bytes of the workspace lent to this launch (0 when none)."""
         return 0 if self.workspace is None else int(self.workspace.nbytes)
 
     def tensors(self) -> tuple[TensorSpec | None, ...]:

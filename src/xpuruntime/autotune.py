@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import sys
 import time
 import weakref
@@ -40,6 +41,7 @@ MAX_REPS = 50
 # how candidates are timed, part of the tuning-cache key: a change of method never reuses old winners
 TIMING = "cold-l2, max(device, host)"
 PROGRESS_AFTER_S = 1.0
+ENV_PRINT = "XPURUNTIME_PRINT_AUTOTUNING"  # "1": a line on stderr per tuning result, like TRITON_PRINT_AUTOTUNING
 
 
 class _Store:
@@ -101,15 +103,38 @@ def tune(dispatcher: Dispatcher, decision: Decision, inputs: tuple, policy: Kern
     stored = STORE.get(key)
     stored = stored if isinstance(stored, dict) else {}
     winner, times = stored.get("kernel"), stored.get("times_us")
+    source = "from the tuning cache"
     if not _usable(winner, times, names):
         times = time_candidates(dispatcher, decision, supported, inputs, policy)
         if not times:
             return decision
         winner = min(times, key=times.__getitem__)
         STORE.put(key, {"kernel": winner, "times_us": times})
-    winner = _arbitrate(decision, key, times, supported, policy) or winner
+        source = "timed"
+    fastest, winner = winner, _arbitrate(decision, key, times, supported, policy) or winner
+    if winner != fastest:
+        source += f"; {fastest} was fastest, the front end's routing cost chose {winner}"
+    report(describe(decision), winner, times, source)
     chosen = next(c for c in supported if c.kernel.name == winner)
     return dataclasses.replace(decision, kernel=chosen.kernel, reason=REASON)
+
+
+def describe(decision: Decision) -> str:
+    """The tuned call in a few words: 'matmul float32[256x512] float32[512x128] on cpu'."""
+    ctx = decision.ctx
+    shapes = " ".join(f"{t.dtype}[{'x'.join(map(str, t.shape))}]" for t in ctx.tensors)
+    return f"{ctx.op} {shapes} on {ctx.device}"
+
+
+def report(what: str, winner: Any, times_us: dict | None, source: str) -> None:
+    """One line on stderr about a tuning result when $XPURUNTIME_PRINT_AUTOTUNING is 1 (as Triton prints its
+    autotuner's picks under TRITON_PRINT_AUTOTUNING): what was tuned, the winner, where it came from (timed
+    now, or the tuning cache) and each candidate's time, fastest first."""
+    if os.environ.get(ENV_PRINT, "0").strip() in ("", "0"):
+        return
+    timed = ", ".join(f"{name} {us:.1f} µs" for name, us in sorted((times_us or {}).items(), key=lambda kv: kv[1]))
+    print(f"xpuruntime autotune: {what} -> {winner} ({source}){': ' + timed if timed else ''}", file=sys.stderr,
+          flush=True)  # fmt: skip
 
 
 def _usable(winner: Any, times: Any, names: list[str]) -> bool:

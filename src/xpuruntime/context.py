@@ -39,16 +39,19 @@ class DispatchContext:
         return self.inputs[self.arg_names.index(name)]
 
     def tensor(self, name: str) -> TensorSpec:
+        """The TensorSpec of the input named `name` (a schema error if that input is not a tensor)."""
         spec = self[name]
         if not isinstance(spec, TensorSpec):  # a schema bug: it should have asked has_tensor() first
             raise TypeError(f"{self.op}: argument '{name}' is {spec!r}, not a tensor")
         return spec
 
     def has_tensor(self, name: str) -> bool:
+        """Whether the input named `name` is a tensor (optional inputs may be None)."""
         return isinstance(self[name], TensorSpec)
 
     @property
     def tensors(self) -> tuple[TensorSpec, ...]:
+        """The specs of the inputs that are tensors, in schema order."""
         return tuple(t for t in self.inputs if isinstance(t, TensorSpec))
 
     @property
@@ -58,6 +61,7 @@ class DispatchContext:
 
     @property
     def shapes(self) -> tuple[tuple[int, ...], ...]:
+        """The shapes of the tensor inputs, in schema order."""
         return tuple(t.shape for t in self.tensors)
 
     def summary(self) -> str:

@@ -202,6 +202,8 @@ class Dispatcher:
         return self.selector.select(ctx, policy)
 
     def make_plan(self, decision: Decision, policy: KernelPolicy) -> Plan:
+        """Turn a selection decision into a Plan: launch config, workspace size, allocation and stream functions,
+        everything a cache hit needs."""
         kernel, ctx = decision.kernel, decision.ctx
         backend = self.registry.backends[kernel.backend]
         workspace_bytes = int(kernel.workspace_bytes(ctx))
@@ -334,6 +336,7 @@ _default_lock = threading.Lock()
 
 
 def default_dispatcher() -> Dispatcher:
+    """The process-wide dispatcher over the default registry (what `xrt.ops.*` use)."""
     global _default
     if _default is None:
         with _default_lock:

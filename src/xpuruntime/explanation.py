@@ -38,6 +38,12 @@ def explain_call(
     return Explanation(ctx, policy, candidates, decision, error)
 
 
+def unavailable_backend(backend: str, reasons: list[str]) -> bool:
+    """Whether a candidate was rejected only because its backend cannot run here (no GPU, a missing library):
+    the same reason for every kernel of that backend, which a reader needs once."""
+    return len(reasons) == 1 and reasons[0].startswith(f"backend '{backend}' unavailable: ")
+
+
 @dataclass(frozen=True)
 class Explanation:
     ctx: DispatchContext
@@ -45,6 +51,7 @@ class Explanation:
     candidates: list[Candidate]
     decision: Decision | None
     error: Exception | None
+    origin: str = "eager"  # "compile": the decision a compiled graph was built with (see log.ORIGINS)
 
     @property
     def selected(self) -> str | None:
@@ -56,7 +63,8 @@ class Explanation:
         return "supported" if candidate.supported else "rejected"
 
     def rows(self) -> list[dict[str, Any]]:
-        """One dict per candidate: kernel, backend, verdict, score, reasons (best first)."""
+        """One dict per candidate: kernel, backend, verdict, score, reasons (best first). (What `print` and
+        `str` show merges the kernels of an unavailable backend into one row: `display_rows`.)"""
         return [
             {
                 "kernel": c.kernel.name,
@@ -68,16 +76,31 @@ class Explanation:
             for c in self.candidates
         ]
 
+    def display_rows(self) -> list[dict[str, Any]]:
+        """`rows()` as shown to a reader: the kernels rejected only because their backend is unavailable are
+        one row per backend, its kernels listed, the backend's reason said once."""
+        shown: list[dict[str, Any]] = []
+        merged: dict[str, dict[str, Any]] = {}
+        for row in self.rows():
+            if row["verdict"] == "rejected" and unavailable_backend(row["backend"], row["reasons"]):
+                if row["backend"] in merged:
+                    merged[row["backend"]]["kernel"] += f", {row['kernel']}"
+                    continue
+                merged[row["backend"]] = row = dict(row)
+            shown.append(row)
+        return shown
+
     def headline(self) -> str:
         if self.decision is not None:
             outcome = f"selected '{self.decision.kernel.name}' ({self.decision.reason})"
         else:
             outcome = f"no kernel: {type(self.error).__name__}"
-        return f"{self.ctx.op}({self.ctx.summary()}) under {self.policy!r}: {outcome}"
+        where = " (decided while compiling a graph)" if self.origin == "compile" else ""
+        return f"{self.ctx.op}({self.ctx.summary()}) under {self.policy!r}: {outcome}{where}"
 
     def __str__(self) -> str:
         lines = [self.headline()]
-        for row in self.rows():
+        for row in self.display_rows():
             score = "-" if row["score"] is None else f"{row['score']:g}"
             reasons = "; ".join(row["reasons"])
             lines.append(f"  {row['kernel']:<16} {row['backend']:<8} {row['verdict']:<20} {score:>6}  {reasons}")
@@ -93,7 +116,7 @@ class Explanation:
         table = Table()
         for column in ("kernel", "backend", "verdict", "score", "reasons"):
             table.add_column(column, justify="right" if column == "score" else "left")
-        for row in self.rows():
+        for row in self.display_rows():
             verdict = row["verdict"]
             style = "bold green" if verdict.startswith("selected") else ("red" if verdict == "rejected" else None)
             score = "-" if row["score"] is None else f"{row['score']:g}"

@@ -7,10 +7,11 @@ only while that list is non-empty, so logging costs nothing when it is off.
 from __future__ import annotations
 
 import collections
+import contextlib
 import operator
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import numpy as np
@@ -73,9 +74,14 @@ def _observers_changed() -> None:
         listener()
 
 
+ORIGINS = ("eager", "compile", "graph")
+
+
 class DispatchRecord(NamedTuple):
     """One line of the dispatch log. `reason` is how the plan chose its kernel (policy / auto /
-    fallback); `cache_hit` says whether this call reused a cached plan. `elapsed_us` is the launch."""
+    fallback); `cache_hit` says whether this call reused a cached plan. `elapsed_us` is the launch.
+    `origin`: "eager" for a call made as the program ran, "graph" for one made by a compiled graph (a
+    front end's custom op inside it), "compile" for a decision made while a graph was compiled (no launch)."""
 
     op_name: str
     selected_kernel: str
@@ -87,14 +93,64 @@ class DispatchRecord(NamedTuple):
     elapsed_us: float
     launch_config: str
     timestamp: float  # time.time() when the record was made
+    origin: str = "eager"
 
     def as_dict(self) -> dict[str, Any]:
+        """The record as a plain dict (for JSON and tables)."""
         return self._asdict()
 
     @classmethod
-    def make(cls, plan: Plan, cache_hit: bool, elapsed_us: float) -> DispatchRecord:
+    def make(cls, plan: Plan, cache_hit: bool, elapsed_us: float, origin: str | None = None) -> DispatchRecord:
+        """The record of one dispatch of `plan`: its decision's fields, whether the plan came from the cache, the time
+        taken, and where the call came from (`origin`, else the innermost `dispatch_origin` block's, else eager)."""
         op, kernel, backend, reason, shapes, dtype, config = plan.log_fields
-        return cls(op, kernel, backend, reason, cache_hit, shapes, dtype, elapsed_us, config, time.time())
+        origin = origin or _origin.value or "eager"
+        return cls(op, kernel, backend, reason, cache_hit, shapes, dtype, elapsed_us, config, time.time(), origin)
+
+
+class _Origin(threading.local):
+    value: str | None = None  # None: not set by any block ("eager")
+
+
+_origin = _Origin()
+
+
+def current_origin() -> str | None:
+    """The origin set by the innermost `dispatch_origin` block of this thread, None outside any."""
+    return _origin.value
+
+
+@contextlib.contextmanager
+def dispatch_origin(origin: str) -> Iterator[None]:
+    """Record the dispatches this thread makes inside the block with `origin` (see DispatchRecord)."""
+    if origin not in ORIGINS:
+        raise ArgumentError(f"dispatch_origin: argument 'origin' expected one of {ORIGINS}, got {clip(origin)}")
+    before, _origin.value = _origin.value, origin
+    try:
+        yield
+    finally:
+        _origin.value = before
+
+
+def log_record(
+    op: str, kernel: str, backend: str, reason: str, shapes: tuple, dtype: str, origin: str
+) -> DispatchRecord | None:
+    """Add a call that ran outside the dispatcher (a front end handed it to its framework's own kernel, with
+    `reason`) to the dispatch log, if it is on."""
+    if _log not in OBSERVERS:
+        return None
+    record = DispatchRecord(op, kernel, backend, reason, False, shapes, dtype, 0.0, "", time.time(), origin)
+    _log.records.append(record)
+    return record
+
+
+def log_decision(plan: Plan, origin: str) -> DispatchRecord | None:
+    """Add a decision made without a launch (e.g. while compiling a graph) to the dispatch log, if it is on."""
+    if _log not in OBSERVERS:
+        return None
+    record = DispatchRecord.make(plan, False, 0.0, origin)
+    _log.records.append(record)
+    return record
 
 
 class DispatchLog:
@@ -130,16 +186,20 @@ def enable_dispatch_logging(max_records: int = DEFAULT_MAX_RECORDS) -> None:
 
 
 def disable_dispatch_logging() -> None:
+    """Stop recording dispatches; the records kept so far stay readable."""
     remove_observer(_log)
 
 
 def dispatch_logging_enabled() -> bool:
+    """Whether dispatches are being recorded."""
     return _log in OBSERVERS
 
 
 def get_dispatch_logs() -> list[DispatchRecord]:
+    """The records kept so far, oldest first (at most `max_records` of them)."""
     return list(_log.records)
 
 
 def clear_dispatch_logs() -> None:
+    """Forget the records kept so far (logging stays on or off as it was)."""
     _log.records.clear()

@@ -192,6 +192,8 @@ class KernelPolicy:
         return f"KernelPolicy({', '.join(parts)})"
 
     def to_dict(self) -> dict[str, Any]:
+        """The policy as a mapping `KernelPolicy.from_dict` reads back: op = kernel pairs and the options that differ
+        from the defaults."""
         return {
             **self.preferences,
             **{op: AUTOTUNE for op in sorted(self.autotune_ops)},

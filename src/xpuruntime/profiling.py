@@ -178,7 +178,7 @@ class Profiler:
             os.chmod(tmp, 0o644)  # mkstemp makes it private; a trace is an ordinary file
             os.replace(tmp, path)
         except OSError as exc:
-            raise _path_error(path, exc) from None
+            raise _path_error(path, exc, TRACE_PATH) from None
         finally:
             if tmp is not None:
                 with contextlib.suppress(FileNotFoundError):
@@ -199,33 +199,35 @@ class Profiler:
         return rows
 
 
-def _path_error(path: object, exc: OSError) -> ArgumentError:
+TRACE_PATH = "export_chrome_trace: argument 'path'"
+
+
+def _path_error(path: object, exc: OSError, subject: str) -> ArgumentError:
     reason = exc.strerror or exc
-    return ArgumentError(f"export_chrome_trace: argument 'path' cannot be written: {clip(str(path))}: {reason}")
+    return ArgumentError(f"{subject} cannot be written: {clip(str(path))}: {reason}")
 
 
-def check_trace_path(path: str | os.PathLike) -> Path:
+def check_trace_path(path: str | os.PathLike, subject: str = TRACE_PATH) -> Path:
     """The trace path as a Path, if a file can be written there: it is not empty, not a folder, and its
-    folder exists and takes a new file (tried with a probe file, removed at once). Raises ArgumentError."""
+    folder exists and takes a new file (tried with a probe file, removed at once). Raises ArgumentError whose
+    message names the path as the caller knows it (`subject`: an argument, or a command-line option)."""
     try:
         named = os.fspath(path) if isinstance(path, str | os.PathLike) else None
     except Exception as exc:  # a PathLike whose __fspath__ fails
         named, path = None, f"{type(path).__name__} whose __fspath__ raised {type(exc).__name__}"
     if not isinstance(named, str) or not named:
-        raise ArgumentError(f"export_chrome_trace: argument 'path' expected a file path, got {clip(path)}")
+        raise ArgumentError(f"{subject} expected a file path, got {clip(path)}")
     path = Path(named)
     if path.is_dir():
-        raise ArgumentError(f"export_chrome_trace: argument 'path' is a folder, not a file path: {clip(str(path))}")
+        raise ArgumentError(f"{subject} is a folder, not a file path: {clip(str(path))}")
     if not path.parent.is_dir():
-        raise ArgumentError(
-            f"export_chrome_trace: argument 'path' is in a folder that does not exist: {clip(str(path.parent))}"
-        )
+        raise ArgumentError(f"{subject} is in a folder that does not exist: {clip(str(path.parent))}")
     if path.exists() and not os.access(path, os.W_OK):
-        raise _path_error(path, PermissionError(13, "Permission denied"))
+        raise _path_error(path, PermissionError(13, "Permission denied"), subject)
     try:
         fd, probe = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     except OSError as exc:
-        raise _path_error(path, exc) from None
+        raise _path_error(path, exc, subject) from None
     os.close(fd)
     os.unlink(probe)
     return path

@@ -119,6 +119,7 @@ class KernelSpec:
 
     @property
     def qualified_name(self) -> str:
+        """'op/name', how messages name the kernel."""
         return f"{self.op}/{self.name}"
 
     def not_supported_reasons(self, ctx: DispatchContext) -> list[str]:
@@ -207,6 +208,13 @@ def _label(op: Any, name: Any) -> str:
     return "/".join(cut(x, 60) if isinstance(x, str) else clip(x, 60) for x in (op, name))
 
 
+def first_paragraph(doc: Any) -> str:
+    """A docstring's first paragraph on one line: what `xpuruntime kernels` shows for a kernel (whole
+    sentences, never a first line cut mid-sentence)."""
+    text = doc.strip() if isinstance(doc, str) else ""
+    return " ".join(text.split("\n\n")[0].split())
+
+
 def kernel(op: str, name: str, *, backend: str, **hints: Any) -> Callable[[LaunchFn], KernelSpec]:
     """Decorator declaring a launch function as a kernel; register the result with a Registry."""
 
@@ -228,8 +236,7 @@ def kernel(op: str, name: str, *, backend: str, **hints: Any) -> Callable[[Launc
         hints["conditions"] = tuple(hints["conditions"])
 
     def declare(launch: LaunchFn) -> KernelSpec:
-        doc = getattr(launch, "__doc__", None)
-        spec_hints = {"doc": (doc if isinstance(doc, str) else "").strip().split("\n")[0], **hints}
+        spec_hints = {"doc": first_paragraph(getattr(launch, "__doc__", None)), **hints}
         return KernelSpec(op=op, name=name, backend=backend, launch=launch, **spec_hints)
 
     return declare
@@ -248,6 +255,7 @@ class Registry:
     _lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
 
     def register_op(self, schema: OpSchema) -> OpSchema:
+        """Add an op's schema; registering a name twice is a RegistrationError."""
         with self._lock:
             if schema.name in self.ops:
                 raise RegistrationError(f"op '{schema.name}' is already registered")
@@ -256,6 +264,7 @@ class Registry:
         return schema
 
     def register_backend(self, backend: Backend) -> Backend:
+        """Add a backend; registering a name twice is a RegistrationError."""
         with self._lock:
             if backend.name in self.backends:
                 raise RegistrationError(f"backend '{backend.name}' is already registered")
@@ -279,6 +288,7 @@ class Registry:
         return spec
 
     def unregister_kernel(self, op: str, name: str) -> None:
+        """Remove a kernel (plans that chose it are dropped); an unknown name is an error with suggestions."""
         with self._lock:
             self.kernel(op, name)
             del self.kernels[op][name]
@@ -301,16 +311,19 @@ class Registry:
                 listener(op)
 
     def op(self, name: str) -> OpSchema:
+        """The schema of op `name`; an unknown name is an UnknownOpError listing the known ones."""
         schema = self.ops.get(name) if isinstance(name, str) else None
         if schema is None:
             raise unknown_name(UnknownOpError, "op", name, self.ops)
         return schema
 
     def kernels_for(self, op: str) -> list[KernelSpec]:
+        """Every kernel registered for `op`, in registration order."""
         self.op(op)
         return list(self.kernels[op].values())
 
     def kernel(self, op: str, name: str) -> KernelSpec:
+        """The kernel `name` of `op`; unknown names are errors with suggestions."""
         table = self.kernels.get(op) if isinstance(op, str) else None
         if table is None:
             raise unknown_name(UnknownOpError, "op", op, self.ops)

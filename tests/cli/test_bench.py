@@ -1,4 +1,5 @@
-"""The benchmark runner: discovery, filtering, ratios against targets, reports (JSON, markdown, PNG)."""
+"""The benchmark runner and `xpuruntime bench`: discovery, filtering, ratios against targets, reports (JSON, markdown,
+PNG), and bad arguments refused before any row runs."""
 
 from __future__ import annotations
 
@@ -8,9 +9,12 @@ import textwrap
 
 import numpy as np
 import pytest
+from cli_runner import one_line_error, run_cli
 
+import xpuruntime as xrt
 from xpuruntime import bench
-from xpuruntime.bench import Result, Row, Setup
+from xpuruntime.bench import Result, Row, Setup, report, timing
+from xpuruntime.install import pip_hint
 
 
 def fixed_timer(times: dict):
@@ -117,23 +121,30 @@ def test_discovery_collects_rows_and_reports_broken_modules(row_package):
     assert len(bench.select(rows, None)) == 4 and bench.select(rows, ["nothing"]) == []
 
 
-def test_reports_json_markdown_and_png(row_package, tmp_path):
+def test_a_run_writes_one_result_file_with_its_markdown_and_chart(row_package, tmp_path):
     rows, failures = bench.discover(row_package)
+    assert {r.subject for r in rows} == {"gemm", "norm"}  # each row's subject is its module
     seen = []
     results = bench.run(rows, timer=bench.host_timer(warmup=1, repeat=3), progress=True,
                         on_result=lambda done: seen.append([r.name for r in done]))  # fmt: skip
     assert seen == [[r.name for r in rows[: i + 1]] for i in range(len(rows))]  # reports can follow each row
     out = tmp_path / "out"
-    bench.write_reports(results, out, failures)
-    doc = json.loads((out / "results.json").read_text())
-    assert [r["name"] for r in doc["rows"]] == [r.name for r in rows]
-    assert all(r["status"] == "ok" and r["ours_ms"] > 0 and r["ratio"] > 0 for r in doc["rows"])
-    assert doc["module_failures"][0]["module"] == "fakebench.broken"
-    text = (out / "results.md").read_text()
+    doc = report.document([], failures)
+    written = bench.write_run(results, out, "run", doc)
+    assert [p.name for p in written] == ["run.json", "run.md", "run.png"]
+    saved = json.loads((out / "run.json").read_text())
+    assert saved["format"] == report.FORMAT and saved["date"].endswith("Z") and saved["versions"]["numpy"]
+    assert saved["machine"]["cpu"] and saved["machine"]["cpu_count"] >= 1
+    assert saved["commit"] is None or len(saved["commit"].split("+")[0]) == 10
+    assert [r["name"] for r in saved["rows"]] == [r.name for r in rows]
+    assert all(r["status"] == "ok" and r["ours_ms"] > 0 and r["ratio"] > 0 for r in saved["rows"])
+    assert saved["module_failures"][0]["module"] == "fakebench.broken"
+    text = (out / "run.md").read_text()
+    assert "### gemm" in text and "### norm" in text
     for r in results:
-        assert f"| {r.group} | {r.name} |" in text
+        assert f"| {r.name} |" in text
         assert ("met" if r.met else "missed by") in text
-    png = (out / "ratios.png").read_bytes()
+    png = (out / "run.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 1000
 
 
@@ -143,12 +154,31 @@ def test_markdown_says_by_how_much_a_target_is_missed():
     assert "missed by 15.4 %" in line and "≥ 1.3×" in line
 
 
+def test_a_host_cost_target_is_met_by_few_enough_microseconds_over_the_anchor():
+    setup, ours, anchor = make_setup()
+    row = Row("dispatch", "host", lambda: setup, target=3.0, target_kind="µs over anchor", units="µs")
+    met = bench.run_row(row, fixed_timer({ours: 0.0042, anchor: 0.0020}))
+    assert met.ours_value == pytest.approx(4.2) and met.anchor_value == pytest.approx(2.0)
+    assert met.met is True and met.missed_by is None
+    missed = bench.run_row(row, fixed_timer({ours: 0.0065, anchor: 0.0020}))
+    assert missed.met is False and missed.missed_by == pytest.approx(0.5)  # 4.5 µs over: 1.5 µs past 3
+    assert "≤ +3 µs" in bench.markdown([missed], {}) and "missed by 50.0 %" in bench.markdown([missed], {})
+
+
+def test_a_setup_that_measures_itself_gives_the_times_it_measured():
+    setup, _, _ = make_setup(nbytes=10**9)
+    setup.measure = lambda timer: {"ours": 2.0, "anchor": 3.0, "other": 4.0}
+    result = bench.run_row(Row("step", "training", lambda: setup, target=1.05, units="ms"), fixed_timer({}))
+    assert (result.ours_ms, result.anchor_ms, result.ratio, result.met) == (2.0, 3.0, 1.5, True)
+    assert result.alternatives_ms == {"other": 4.0}
+
+
 def test_cli_only_filter_and_list(row_package, tmp_path, monkeypatch, capsys):
     discover = bench.discover
-    monkeypatch.setattr(bench, "discover", lambda: discover(row_package))
-    monkeypatch.setattr(bench, "default_timer", lambda kind="device": bench.host_timer(warmup=1, repeat=3))
-    assert bench.main(["--only", "matmul", "--out", str(tmp_path / "o")]) == 0
-    doc = json.loads((tmp_path / "o" / "results.json").read_text())
+    monkeypatch.setattr(bench.cli, "discover", lambda: discover(row_package))
+    monkeypatch.setattr(bench.cli, "default_timer", lambda kind="device": bench.host_timer(warmup=1, repeat=3))
+    assert bench.main(["--only", "matmul", "--out", str(tmp_path / "o"), "--name", "run"]) == 0
+    doc = json.loads((tmp_path / "o" / "run.json").read_text())
     assert {r["name"] for r in doc["rows"]} == {"matmul small", "matmul large"}
     assert bench.main(["--list"]) == 0
     assert "layer_norm small" in capsys.readouterr().out
@@ -168,15 +198,16 @@ def test_gpu_timers_time_ours_and_the_anchor_on_the_device(tmp_path, kind):
                      check=lambda: None if torch.allclose(torch.sin(x), out) else "sin differs")  # fmt: skip
 
     row = Row("sin 16M fp32", "elementwise", setup, target=0.5, units="TB/s")
-    result = bench.run([row], timer=bench.TIMERS[kind](warmup_ms=5, rep_ms=20), progress=False)[0]
+    result = bench.run([row], timer=timing.TIMERS[kind](warmup_ms=5, rep_ms=20), progress=False)[0]
     assert result.status == "ok", result.message
     assert 0.3 < result.ours_value < 6.0 and 0.5 < result.ratio < 2.0  # same kernel both ways: ratio near 1
-    bench.write_reports([result], tmp_path)
-    assert "H100" in (tmp_path / "results.md").read_text() or "NVIDIA" in (tmp_path / "results.md").read_text()
+    doc = report.document([result])
+    assert doc["machine"]["gpu"] == torch.cuda.get_device_name() and doc["machine"]["compute_capability"]
+    bench.write_run([result], tmp_path, "gpu", doc)
+    assert torch.cuda.get_device_name() in (tmp_path / "gpu.md").read_text()
 
 
 def test_kernel_alternatives_force_each_supported_kernel_and_report_auto_vs_best():
-    import xpuruntime as xrt
 
     rng = np.random.default_rng()
     a = rng.standard_normal((33, 17)).astype(np.float32)
@@ -236,3 +267,82 @@ def test_interleaved_samples_alternate_call_by_call_so_drift_hits_every_variant_
     assert got["same_1"] == pytest.approx(got["same_2"], rel=0.02)
     assert got["slower"] / got["same_1"] == pytest.approx(1.5, rel=0.02)
     assert set(got) == set(base) and all(v > 0 for v in got.values())
+
+
+def test_bench_list_and_empty_selection(capsys, tmp_path):
+    code, out, _ = run_cli(capsys, "bench", "--list")
+    assert code == 0
+    code, out, _ = run_cli(capsys, "bench", "--only", "no-row-is-called-this", "--out", str(tmp_path))
+    assert code == 1 and "no benchmark rows selected" in out
+
+
+@pytest.fixture
+def counted_rows(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Two CPU rows (one skipped) in place of the real suite; returns the names of the rows set up so far."""
+    monkeypatch.delenv("COLUMNS", raising=False)  # output to a pipe: rich's default width of 80
+    calls: list[str] = []
+
+    def setup() -> Setup:
+        calls.append("cpu row")
+        x = np.random.default_rng().standard_normal(1000)
+        return Setup(lambda: np.sin(x), lambda: np.sin(x).copy(), bytes=2 * x.nbytes)
+
+    rows = [Row("cpu row", "g", setup, target=0.5), Row("gpu row", "g", setup, requires=lambda: "needs a CUDA GPU")]
+    monkeypatch.setattr(bench.cli, "discover", lambda: (rows, []))
+    monkeypatch.setattr(bench.cli, "default_timer", lambda kind="device": bench.host_timer(warmup=1, repeat=3))
+    return calls
+
+
+def test_bench_out_that_cannot_be_a_folder_fails_before_any_row(capsys, tmp_path, counted_rows) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    code, out, err = run_cli(capsys, "bench", "--out", str(blocker / "sub"))
+    assert code == 2 and counted_rows == [] and out == ""  # nothing measured only to be thrown away
+    assert one_line_error(err, "bench") and "--out" in err and "Traceback" not in err
+
+
+def test_python_dash_m_bench_reports_a_bad_out_folder_as_a_one_line_error(capsys, tmp_path, counted_rows) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    code = bench.main(["--out", str(blocker)])  # the body of `python -m xpuruntime.bench`
+    assert code == 2 and counted_rows == []
+    assert one_line_error(capsys.readouterr().err, "bench")
+
+
+def test_bench_names_only_the_reports_it_wrote(capsys, tmp_path, counted_rows) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "run.png").write_bytes(b"an older run's chart")
+    code, text, _ = run_cli(capsys, "bench", "--only", "gpu row", "--out", str(out), "--name", "run")
+    assert code == 0 and counted_rows == []
+    assert "skipped: needs a CUDA GPU" in text
+    assert not (out / "run.png").exists()  # no ratio to plot: no chart left beside these results
+    assert "run.png" not in text and "run.json" in text
+    code, text, _ = run_cli(capsys, "bench", "--out", str(out), "--name", "run")
+    assert code == 0 and (out / "run.png").exists() and "run.png" in text
+    assert [r["name"] for r in json.loads((out / "run.json").read_text())["rows"]] == ["cpu row", "gpu row"]
+    assert all(line in text.splitlines() for line in (out / "run.md").read_text().splitlines())  # unwrapped
+    code, _, _ = run_cli(capsys, "bench", "--only", "cpu row", "--out", str(out))  # the default stem
+    [named] = [p for p in out.glob("*.json") if p.name != "run.json"]
+    assert named.stem.startswith(("cpu_", "h100_")) and named.with_suffix(".md").exists()
+
+
+def test_bench_without_matplotlib_still_writes_its_reports(capsys, tmp_path, counted_rows, monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `pip install xpuruntime[torch,cuda]` has no matplotlib
+    code, text, err = run_cli(capsys, "bench", "--out", str(tmp_path), "--name", "run")
+    assert code == 0 and err == "" and counted_rows == ["cpu row"]
+    assert (tmp_path / "run.json").exists() and (tmp_path / "run.md").exists()
+    assert not (tmp_path / "run.png").exists()
+    assert "matplotlib is not installed" in text and pip_hint("bench") in text.replace("\n", "")
+
+
+def test_a_wrong_result_never_counts_as_a_met_target() -> None:
+    """A row whose check fails is 'wrong' in the markdown; the JSON's `met` (and the chart's green) must not
+    call its speed a success."""
+    x = np.random.default_rng().standard_normal(1000)
+    fast, slow = (lambda: np.sin(x)), (lambda: np.sin(x).copy())
+    setup = Setup(fast, slow, bytes=2 * x.nbytes, check=lambda: "max error 0.5 > 1e-3")
+    result = bench.run_row(Row("w", "g", lambda: setup, target=0.5), lambda fn: 1.0 if fn is fast else 2.0)
+    assert result.status == "wrong" and result.ratio == pytest.approx(2.0)  # measured, and shown
+    assert result.met is None and result.missed_by is None
+    assert "| wrong: max error 0.5 > 1e-3 |" in bench.markdown([result], {})

@@ -1,38 +1,21 @@
-"""The `xpuruntime` command line: info, kernels, explain, demo and `python -m xpuruntime`."""
+"""The `xpuruntime` command line: info, kernels, explain, run and `python -m xpuruntime`; errors are one line."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 
 import numpy as np
 import pytest
+from cli_runner import one_line_error, run_cli, table_rows, wide_plain_output  # noqa: F401 (wide_plain_output: a fixture)
 
 import xpuruntime as xrt
-from xpuruntime.cli import demo, main, parse_literal, parse_shape
-from xpuruntime.log import dispatch_logging_enabled
+from xpuruntime import policy
+from xpuruntime.cli import main, parse_literal, parse_shape
 from xpuruntime.registry import Backend, KernelSpec, default_registry
 
-
-@pytest.fixture(autouse=True)
-def wide_plain_output(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Rich output without colour and wide enough that no asserted phrase is wrapped."""
-    monkeypatch.setenv("COLUMNS", "250")
-    for name in ("FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE"):
-        monkeypatch.delenv(name, raising=False)
-
-
-def table_rows(out: str) -> list[list[str]]:
-    """The cells of every rich table row in `out` (rows drawn with '│' borders)."""
-    return [[cell.strip() for cell in line.split("│")[1:-1]] for line in out.splitlines() if line.count("│") >= 3]
-
-
-def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
+pytestmark = pytest.mark.usefixtures("wide_plain_output")
 
 
 @pytest.fixture
@@ -218,81 +201,6 @@ def test_explain_errors_are_one_line(capsys: pytest.CaptureFixture[str], argv: l
 
 
 # -- demo --------------------------------------------------------------------------------------------
-def test_demo_runs_every_policy_and_restores_state(capsys: pytest.CaptureFixture[str]) -> None:
-    policy_before = xrt.get_kernel_policy()
-    assert not dispatch_logging_enabled()
-    code, out, err = run_cli(capsys, "demo", "--iterations", "2")
-    assert code == 0, out
-    for run in demo.RUNS:
-        assert run.name in out
-    assert "blocked" in out and "chunked" in out and "fallback" in out
-    assert "UnsupportedByPolicyError: matmul: strict policy prefers 'gemv'" in out
-    assert "max-abs error" in out and "FAIL" not in out
-    assert "KernelFallbackWarning" not in err
-    assert xrt.get_kernel_policy() == policy_before
-    assert not dispatch_logging_enabled()
-
-
-def test_demo_decisions_count_calls_and_cache_hits(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run_cli(capsys, "demo", "--iterations", "3")
-    assert code == 0
-    rows = [row for row in table_rows(out) if len(row) == 7]
-    blocked = next(row for row in rows if row[2] == "blocked")
-    assert blocked[3] == "policy" and blocked[4] == "12"  # 4 matmuls x 3 iterations
-    assert int(blocked[5]) >= 8  # each of the 4 signatures misses at most once (earlier tests may have cached it)
-    fallback = next(row for row in rows if row[3] == "fallback")
-    assert fallback[1:3] == ["matmul", "numpy_blas"]
-
-
-def test_demo_keeps_logging_on_if_it_was_on(capsys: pytest.CaptureFixture[str]) -> None:
-    xrt.enable_dispatch_logging()
-    try:
-        assert run_cli(capsys, "demo", "--iterations", "1")[0] == 0
-        assert dispatch_logging_enabled()
-    finally:
-        xrt.disable_dispatch_logging()
-
-
-def test_demo_fails_when_error_exceeds_tolerance(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(demo, "TOLERANCE", 0.0)
-    code, out, _ = run_cli(capsys, "demo", "--iterations", "1")
-    assert code == 1
-    assert "FAIL" in out
-
-
-def test_demo_reference_matches_float32_forward() -> None:
-    size = demo.SIZES["small"]
-    inputs = demo.make_inputs(size)
-    reference = demo.forward(demo.REFERENCE_OPS, inputs, size.heads)
-    assert reference["probs"].dtype == np.float64
-    np.testing.assert_allclose(reference["probs"].sum(axis=-1), 1.0)
-    errors = demo.max_abs_errors(demo.forward(demo.XRT_OPS, inputs, size.heads), reference)
-    assert 0 < errors["probs"] < demo.TOLERANCE and errors["loss"] < demo.TOLERANCE
-
-
-def test_demo_trace(capsys: pytest.CaptureFixture[str], tmp_path: pytest.TempPathFactory) -> None:
-    path = tmp_path / "demo-trace.json"
-    code, out, _ = run_cli(capsys, "demo", "--iterations", "2", "--trace", str(path))
-    assert code == 0
-    assert "GFLOP/s" in out and str(path) in out
-    events = json.loads(path.read_text())["traceEvents"]
-    matmuls = [e for e in events if e["ph"] == "X" and e["name"] == "matmul"]
-    assert len(matmuls) == 8  # only the auto run is profiled: 4 matmuls x 2 iterations
-    assert {e["args"]["kernel"] for e in matmuls} == {"numpy_blas"}
-    assert [e["name"] for e in events if e.get("cat") == "range"] == ["layer 0", "head"] * 2
-
-
-def test_demo_trace_into_a_missing_folder_fails_before_running(capsys: pytest.CaptureFixture[str], tmp_path) -> None:
-    code, out, err = run_cli(capsys, "demo", "--trace", str(tmp_path / "nope" / "t.json"))
-    assert code == 2 and out == "" and "does not exist" in err
-
-
-def test_demo_rejects_zero_iterations(capsys: pytest.CaptureFixture[str]) -> None:
-    code, _, err = run_cli(capsys, "demo", "--iterations", "0")
-    assert code == 2
-    assert "expected an integer from 1 to 100000, got '0'" in err
 
 
 def test_python_dash_m_entry_point() -> None:
@@ -306,3 +214,48 @@ def test_python_dash_m_entry_point() -> None:
     # a fresh process warns about the fallback: the demo shows it as a note instead of letting it spray
     assert "note (KernelFallbackWarning, fallback): matmul: policy prefers 'gemv'" in proc.stdout
     assert "Warning" not in proc.stderr
+
+
+def test_explain_rms_norm_of_int32_from_the_cli_has_no_traceback(capsys):
+    code = main(["explain", "rms_norm", "--shape", "2x8", "--dtype", "int32", "--attr", "normalized_shape=8"])
+    out, err = capsys.readouterr()
+    assert code == 2
+    assert "Traceback" not in out + err
+    assert "rms_norm: argument 'x' expected a floating dtype" in err
+
+
+def test_bad_policy_file_through_the_environment_gives_the_cli_one_line(tmp_path, monkeypatch, capsys):
+    path = tmp_path / "policy.json"
+    path.write_bytes(b"\xff\xfe\x00")
+    monkeypatch.setenv(policy.ENV_POLICY_FILE, str(path))
+    code = main(["explain", "sum", "--shape", "4"])
+    out, err = capsys.readouterr()
+    assert code == 2 and "Traceback" not in out + err and "not UTF-8" in err
+
+
+def test_info_names_gpu_backends_and_the_tuning_cache(capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("XPURUNTIME_CACHE_DIR", str(tmp_path / "cache"))
+    code, out, _ = run_cli(capsys, "info")
+    assert code == 0
+    assert "GPU backends available:" in out
+    assert str(tmp_path / "cache") in out.replace("\n", "")
+
+
+@pytest.mark.parametrize("kind", ["text", "npy", "truncated npz"])
+def test_run_inputs_that_are_not_an_npz_archive(capsys, tmp_path, kind: str) -> None:
+    path = tmp_path / "feed.npy" if kind == "npy" else tmp_path / "feed.npz"
+    if kind == "text":
+        path.write_text("not arrays")
+    elif kind == "npy":
+        np.save(path, np.zeros(3))
+    else:
+        np.savez(path, input_ids=np.zeros((2, 16), np.int64), attention_mask=np.ones((2, 16), np.int64))
+        path.write_bytes(path.read_bytes()[:300])
+    code, out, err = run_cli(capsys, "run", "--inputs", str(path), "--iterations", "0")
+    assert code == 2 and out == ""
+    assert one_line_error(err, "run") and f"--inputs {str(path)!r}: expected a .npz file" in err
+
+
+def test_run_rejects_a_negative_iteration_count(capsys) -> None:
+    code, out, err = run_cli(capsys, "run", "--iterations", "-1")
+    assert code == 2 and out == "" and "--iterations" in err and "Traceback" not in err

@@ -17,12 +17,16 @@ from xpuruntime.errors import (
     DTypeError,
     LaunchError,
     LayoutError,
+    PolicyError,
     ShapeError,
+    UnknownOpError,
     XpuRuntimeError,
 )  # fmt: skip
+from xpuruntime.policy import KernelPolicy
 from xpuruntime.registry import kernel
 
 rng = np.random.default_rng(7)
+X = rng.standard_normal((3, 4)).astype(np.float32)
 A = rng.standard_normal((3, 4)).astype(np.float32)
 B = rng.standard_normal((4, 5)).astype(np.float32)
 
@@ -181,3 +185,131 @@ def test_every_error_is_an_xpuruntime_error_and_a_builtin_kind():
     for error, builtin in [(ShapeError, ValueError), (DTypeError, TypeError), (LayoutError, ValueError),
                            (DeviceMismatchError, ValueError), (ArgumentError, ValueError), (LaunchError, RuntimeError)]:  # fmt: skip
         assert issubclass(error, XpuRuntimeError) and issubclass(error, builtin)
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int8, np.uint64, np.bool_, np.complex64, object])
+@pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
+def test_norm_of_a_non_floating_dtype_is_a_dtype_error(op, dtype):
+    x = np.ones((2, 8), dtype)
+    with pytest.raises(DTypeError, match=f"{op}: argument 'x' expected a floating dtype"):
+        getattr(xrt.ops, op)(x, 8)
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "message"),
+    [
+        (lambda: xrt.set_kernel_policy(42), PolicyError, "expected a KernelPolicy, a policy string, a mapping"),
+        (lambda: xrt.explain("sum", rng.standard_normal(3), policy=42, show=False), PolicyError, "got 42"),
+        (lambda: xrt.explain(None, rng.standard_normal(3), show=False), UnknownOpError, "op names are strings"),
+        (lambda: xrt.explain(["sum"], rng.standard_normal(3), show=False), UnknownOpError, "op names are strings"),
+        (lambda: KernelPolicy.from_dict({"preferences": "x"}), PolicyError, "'preferences' must be a mapping"),
+        (lambda: KernelPolicy.from_dict(["matmul"]), PolicyError, "expected a mapping"),
+        (lambda: KernelPolicy.from_dict({1: "blocked"}), PolicyError, "non-empty strings"),
+        (lambda: KernelPolicy.from_string(None), PolicyError, "expected a string"),
+        (lambda: KernelPolicy(validate="yes"), PolicyError, "argument 'validate'"),
+        (
+            lambda: xrt.ops.attention(*(rng.standard_normal((2, 3, 4)),) * 3, dropout_p=np.zeros(2)),
+            ArgumentError,
+            "attention: argument 'dropout_p' expected 0.0",
+        ),
+        (lambda: xrt.enable_dispatch_logging(max_records=-1), ArgumentError, "argument 'max_records'"),
+        (lambda: xrt.enable_dispatch_logging(max_records=None), ArgumentError, "argument 'max_records'"),
+        (lambda: xrt.enable_dispatch_logging(max_records=1.5), ArgumentError, "argument 'max_records'"),
+        (lambda: xrt.ops.layer_norm(rng.standard_normal((2, 1)), True), ArgumentError, "'normalized_shape'"),
+        (lambda: xrt.ops.rms_norm(rng.standard_normal((2, 1)), (True,)), ArgumentError, "'normalized_shape'"),
+        (lambda: xrt.ops.sum("abc"), DTypeError, "sum: argument 'x' expected a floating, integer or bool dtype"),
+    ],
+)
+def test_raw_python_exceptions_became_library_errors(call, error, message):
+    with pytest.raises(error, match=message):
+        call()
+    assert not xrt.dispatch_logging_enabled()
+
+
+@pytest.mark.parametrize(
+    ("call", "error"),
+    [
+        (lambda: xrt.MathMode.parse("x" * 100_000), PolicyError),
+        (lambda: xrt.SyncPolicy.parse(_FailingIndex()), PolicyError),
+        (lambda: KernelPolicy(strict=_FailingIndex()), PolicyError),
+        (lambda: KernelPolicy.from_dict({"preferences": np.array([])}), PolicyError),
+        (lambda: xrt.default_registry().kernels_for(_FailingIndex()), UnknownOpError),
+        (lambda: xrt.record_range(42).__enter__(), ArgumentError),
+    ],
+)
+def test_odd_values_in_the_public_api_are_library_errors(call, error):
+    with pytest.raises(error) as info:
+        call()
+    assert len(str(info.value)) < 2_000
+
+
+@pytest.mark.parametrize("dtype", ["int32", "bool", "uint8"])
+def test_norm_backward_of_a_non_float_input_names_the_dtype_not_eps(dtype):
+    x = np.random.default_rng().integers(0, 2, (3, 5)).astype(dtype)
+    for backward in (xrt.ops.rms_norm_backward, xrt.ops.layer_norm_backward):
+        with pytest.raises(DTypeError, match=rf"{backward.__name__}: argument 'x' expected a floating dtype"):
+            backward(x, x, (5,))
+
+
+def test_structured_field_views_are_rejected_naming_the_op_and_the_argument():
+    records = np.zeros(7, dtype=[("a", "f4"), ("b", "i2")])
+    records["a"] = np.random.default_rng().standard_normal(7)
+    plain = np.ones(7, np.float32)
+    with pytest.raises(LayoutError, match=r"^sin_affine: argument 'x': .*not a multiple of its itemsize 4"):
+        xrt.ops.sin_affine(records["a"], 2.0)
+    with pytest.raises(LayoutError, match=r"^softmax: argument 'out': .*not a multiple of its itemsize 4"):
+        xrt.ops.softmax(plain, out=records["a"])
+
+
+def test_a_fused_constant_beyond_the_float_range_is_an_argument_error():
+    x = np.random.default_rng().standard_normal(5).astype(np.float32)
+    program = (("mul", ("in", 0), ("c", 10**400)),)
+    with pytest.raises(ArgumentError, match=r"fused_elementwise: argument 'program' instruction 0: bad ref") as info:
+        xrt.ops.fused_elementwise(program, x)
+    assert len(str(info.value)) < 400  # the 401-digit constant is not echoed in full
+
+
+def _readonly(like: np.ndarray) -> np.ndarray:
+    out = np.empty_like(like)
+    out.setflags(write=False)
+    return out
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: xrt.ops.softmax(X, out=1.0), "softmax: argument 'out' expected an array, got float"),
+        (lambda: xrt.ops.softmax(TensorSpec((3, 4))), "softmax: argument 'x' expected an array, got a TensorSpec"),
+        (lambda: xrt.ops.softmax([[1.0], [1.0, 2.0]]), "softmax: argument 'x' expected an array, got list"),
+        (lambda: xrt.default_dispatcher().run("sum", (X,), (0,)), "sum: expected inputs"),
+        (lambda: xrt.default_dispatcher().plan("layer_norm", X), r"attribute\(s\) \['normalized_shape'\] have no default"),
+        (lambda: xrt.ops.softmax(X, out=_readonly(X)), "softmax: argument 'out' expected a writable array"),
+    ],
+)  # fmt: skip
+def test_odd_arguments_get_argument_errors(call, message):
+    with pytest.raises(ArgumentError, match=message):
+        call()
+
+
+@pytest.mark.parametrize("value", [{0}, {0: 1}, slice(1)])  # slices are hashable from Python 3.12 on
+def test_unhashable_or_odd_attributes_are_argument_errors(value):
+    with pytest.raises(ArgumentError, match=r"sum: argument 'axis' expected (a number, bool, None or tuple|an int)"):
+        xrt.ops.sum(X, axis=value)
+
+
+def test_masked_arrays_and_dropout_are_refused_clearly():
+    with pytest.raises(ArgumentError, match="softmax: argument 'x' is a masked array"):
+        xrt.ops.softmax(np.ma.masked_array(X, mask=X > 0))
+    with pytest.raises(ArgumentError, match=r"attention: argument 'dropout_p' expected 0.0"):
+        xrt.ops.attention(X, X, X, dropout_p=0.1)
+
+
+class _FailingIndex:
+    def __index__(self) -> int:
+        raise ValueError("no")
+
+
+@pytest.mark.parametrize("bad", [np.array(2.5), _FailingIndex(), 2**70])
+def test_odd_buffer_bounds_are_argument_errors(bad):
+    with pytest.raises(ArgumentError, match="max_records"):
+        xrt.enable_dispatch_logging(bad)

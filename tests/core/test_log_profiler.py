@@ -1,19 +1,30 @@
-"""Dispatch log, explain and the profiler's Chrome trace."""
+"""Dispatch log, explain and the profiler: what they record, their bounds, and the Chrome trace and its paths."""
 
 from __future__ import annotations
 
 import json
 import os
+import stat
+import threading
 import warnings
 
 import numpy as np
 import pytest
+from conftest import make_toy_registry
+from rich.console import Console
 
 import xpuruntime as xrt
 from xpuruntime.abi import TensorSpec
-from xpuruntime.errors import KernelFallbackWarning
+from xpuruntime.dispatch import Dispatcher
+from xpuruntime.errors import (
+    ArgumentError,
+    KernelFallbackWarning,
+)  # fmt: skip
+from xpuruntime.profiling import Profiler
+from xpuruntime.registry import Backend, kernel
 
 rng = np.random.default_rng(3)
+X = rng.standard_normal((3, 4)).astype(np.float32)
 
 
 def test_dispatch_log_records_kernel_reason_shapes_and_time():
@@ -136,3 +147,127 @@ def test_export_to_a_broken_path_like_names_the_argument(result) -> None:
         pass
     with pytest.raises(xrt.ArgumentError, match="argument 'path' expected a file path"):
         prof.export_chrome_trace(_BrokenPath(result))
+
+
+def test_profiler_keeps_the_newest_events_and_counts_the_dropped(tmp_path):
+    x = rng.standard_normal((3, 4))
+    with xrt.profiler(max_events=5) as prof:
+        for _ in range(12):
+            with prof.range("step"):
+                xrt.ops.sum(x)
+        xrt.ops.softmax(x)
+    assert len(prof.ops) == 5 and prof.dropped_ops == 8
+    assert len(prof.ranges) == 5 and prof.dropped_ranges == 7
+    assert prof.dropped_events == 15
+    rows = {row["op"]: row for row in prof.summary()}
+    assert rows["sum"]["calls"] == 12 and rows["sum"]["dropped"] == 8  # totals count every dispatch
+    assert rows["softmax"]["calls"] == 1 and rows["softmax"]["dropped"] == 0
+    trace = json.loads(prof.export_chrome_trace(tmp_path / "t.json").read_text())
+    assert trace["otherData"]["dropped_events"] == 15
+    assert any("15 oldest events dropped" in e["name"] for e in trace["traceEvents"])
+
+
+def test_profiler_is_bounded_by_default():
+    with xrt.profiler() as prof:
+        pass
+    assert 0 < prof.max_events <= 1_000_000
+
+
+@pytest.mark.parametrize("bad", [0, -1, None, 2.5, "10", True])
+def test_profiler_bound_must_be_a_positive_int(bad):
+    with pytest.raises(ArgumentError, match=r"profiler: argument 'max_events' expected an int in \[1, "):
+        xrt.profiler(max_events=bad).__enter__()
+
+
+def _profiled() -> Profiler:
+    with xrt.profiler() as prof:
+        xrt.ops.sum(rng.standard_normal(4))
+    return prof
+
+
+@pytest.mark.parametrize(
+    ("make_path", "message"),
+    [
+        (lambda tmp: tmp, "is a folder"),
+        (lambda tmp: "", "expected a file path"),
+        (lambda tmp: tmp / "missing" / "t.json", "does not exist"),
+        (lambda tmp: 42, "expected a file path"),
+    ],
+)
+def test_export_chrome_trace_refuses_bad_paths_and_leaves_nothing(tmp_path, make_path, message):
+    prof = _profiled()
+    with pytest.raises(ArgumentError, match=message):
+        prof.export_chrome_trace(make_path(tmp_path))
+    assert list(tmp_path.iterdir()) == []
+
+
+def _read_only_folder(tmp_path):
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    folder.chmod(stat.S_IRUSR | stat.S_IXUSR)
+    if os.access(folder, os.W_OK):  # root writes anyway
+        folder.chmod(0o700)
+        pytest.skip("running as a user that may write into read-only folders")
+    return folder
+
+
+def test_export_chrome_trace_into_an_unwritable_folder(tmp_path):
+    folder = _read_only_folder(tmp_path)
+    try:
+        with pytest.raises(ArgumentError, match="cannot be written"):
+            _profiled().export_chrome_trace(folder / "t.json")
+        assert list(folder.iterdir()) == []
+    finally:
+        folder.chmod(0o700)
+
+
+def test_export_chrome_trace_cleans_its_temporary_file_when_the_rename_fails(tmp_path, monkeypatch):
+    def fail(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", fail)
+    with pytest.raises(ArgumentError, match="No space left"):
+        _profiled().export_chrome_trace(tmp_path / "t.json")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_max_records_still_bounds_the_log():
+    xrt.enable_dispatch_logging(max_records=3)
+    for _ in range(5):
+        xrt.ops.sum(rng.standard_normal(3))
+    assert len(xrt.get_dispatch_logs()) == 3
+
+
+def test_log_and_profiler_share_one_record_per_dispatch_with_os_thread_ids():
+    xrt.enable_dispatch_logging()
+    with xrt.profiler() as prof:
+        xrt.ops.matmul(X, X.T)
+    [record] = xrt.get_dispatch_logs()
+    assert prof.ops[0].record is record
+    assert prof.ops[0].thread_id == threading.get_native_id()
+    trace = prof.chrome_trace()["traceEvents"]
+    assert all(e["tid"] < 2**32 for e in trace if e["ph"] == "X")  # Perfetto's JSON importer needs 32-bit tids
+
+
+def test_explain_and_plan_take_the_ops_input_defaults_and_reject_extra_inputs():
+    assert xrt.explain("sin_affine", X, show=False).selected == "numpy"
+    assert xrt.default_dispatcher().plan("sin_affine", X).kernel.name == "numpy"
+    with pytest.raises(ArgumentError, match=r"matmul: expected at most 2 inputs \('a', 'b'\), got 3"):
+        xrt.explain("matmul", X, X.T, X, show=False)
+    with pytest.raises(ArgumentError, match="matmul: argument 'b' is required"):
+        xrt.explain("matmul", X, show=False)
+
+
+def test_explain_says_an_unavailable_backends_reason_once():
+    """Kernels rejected only because their backend cannot run here share one line; rows() keeps one per kernel."""
+    registry = make_toy_registry({"name": "here"})
+    registry.register_backend(Backend("far", "cuda", empty=lambda *a: None, probe=lambda: "no CUDA device here"))
+    for name in ("far_a", "far_b", "far_c"):
+        registry.register_kernel(kernel("toy", name, backend="far")(lambda args: None))
+    explanation = Dispatcher(registry).explain("toy", np.ones(3, np.float32))
+    assert [r["kernel"] for r in explanation.rows()] == ["here", "far_a", "far_b", "far_c"]
+    text = str(explanation)
+    assert text.count("no CUDA device here") == 1 and "far_a, far_b, far_c" in text
+    console = Console(width=200, record=True)
+    explanation.print(console)
+    assert console.export_text().count("no CUDA device here") == 1

@@ -1,6 +1,9 @@
-"""Plan cache: one decision per signature, hits skip selection, policy and registry changes, LRU bound."""
+"""Plan cache: one decision per signature, hits skip selection, policy and registry changes, LRU bound, and keys
+that must not merge (attributes of another type, a zero constant's sign, a recycled policy fingerprint)."""
 
 from __future__ import annotations
+
+import gc
 
 import numpy as np
 import pytest
@@ -8,10 +11,16 @@ from conftest import make_toy_registry
 
 import xpuruntime as xrt
 from xpuruntime.dispatch import Dispatcher
+from xpuruntime.errors import (
+    ArgumentError,
+)  # fmt: skip
 from xpuruntime.plan import PlanCache
 from xpuruntime.policy import KernelPolicy
 from xpuruntime.registry import kernel
 from xpuruntime.runtime.workspace import WorkspaceManager
+
+rng = np.random.default_rng(11)
+X = rng.standard_normal((3, 4)).astype(np.float32)
 
 
 def counting_dispatcher(monkeypatch, *kernels):
@@ -131,3 +140,74 @@ def test_workspace_views_are_reused_until_the_buffer_grows():
     on_a, on_b = manager.lend(64, "cpu", empty, stream_a), manager.lend(64, "cpu", empty, stream_b)
     assert not np.shares_memory(on_a, on_b) and not np.shares_memory(on_a, again)
     assert manager.lend(64, "cpu", empty, stream_a) is on_a
+
+
+@pytest.mark.parametrize(
+    ("valid", "invalid"),
+    [
+        (lambda: xrt.ops.sum(X, keepdims=True), lambda: xrt.ops.sum(X, keepdims=1)),
+        (lambda: xrt.ops.sum(X, axis=1), lambda: xrt.ops.sum(X, axis=1.0)),
+        (lambda: xrt.ops.softmax(X, axis=1), lambda: xrt.ops.softmax(X, axis=True)),
+        (lambda: xrt.ops.attention(X, X, X, scale=1), lambda: xrt.ops.attention(X, X, X, scale=True)),
+    ],
+)
+def test_equal_but_differently_typed_attributes_do_not_share_a_plan(valid, invalid):
+    valid()  # warm the plan cache with the valid spelling; True == 1 == 1.0 as dict keys
+    with pytest.raises(ArgumentError):
+        invalid()
+
+
+def test_element_types_of_tuple_attributes_are_part_of_the_key():
+    xrt.ops.layer_norm(X, (4,))
+    with pytest.raises(ArgumentError, match=r"expected an int or a tuple of ints, got \(4\.0,\)"):
+        xrt.ops.layer_norm(X, (4.0,))
+    xrt.ops.sum(X, axis=(1,))
+    with pytest.raises(ArgumentError, match="expected an int, got True"):
+        xrt.ops.sum(X, axis=(True,))
+
+
+def test_a_kernel_registered_during_selection_is_not_hidden_by_a_stale_plan():
+    reg = make_toy_registry({"name": "slow", "priority": 1})
+    dispatcher = Dispatcher(reg)
+
+    def register_meanwhile(ctx):  # stands in for another thread registering while we select
+        if "fast" not in reg.kernels["toy"]:
+            reg.register_kernel(kernel("toy", "fast", backend="cpu", priority=100)(lambda args: args.out.fill(7)))
+
+    reg.register_kernel(kernel("toy", "probe", backend="cpu", conditions=(register_meanwhile,))(lambda a: None))
+    x = np.zeros(3)
+    dispatcher.run("toy", (x,))
+    np.testing.assert_array_equal(dispatcher.run("toy", (x,)), 7)
+
+
+def test_plan_cache_put_rechecks_validity_under_its_lock():
+    cache = Dispatcher(make_toy_registry({"name": "a"})).plans
+    plan = object.__new__(__import__("xpuruntime.plan", fromlist=["Plan"]).Plan)
+    cache.put("k", plan, still_valid=lambda: False)
+    assert len(cache) == 0
+    cache.put("k", plan, still_valid=lambda: True)
+    assert len(cache) == 1
+
+
+def test_fused_programs_differing_in_a_zero_constants_sign_do_not_share_a_plan():
+    x = np.random.default_rng().uniform(0.5, 2.0, 6).astype(np.float32)
+    for zero in (0.0, -0.0):
+        program = (("div", ("in", 0), ("c", zero)),)
+        got = xrt.ops.fused_elementwise(program, x)
+        with np.errstate(divide="ignore"):
+            want = x.astype(np.float64) / zero
+        np.testing.assert_array_equal(got, want.astype(np.float32))
+
+
+def test_a_fingerprint_held_by_a_plan_key_is_never_given_to_other_content():
+    registry = make_toy_registry({"name": "a"}, {"name": "b"})
+    dispatcher = xrt.Dispatcher(registry)
+    x = rng.standard_normal(4).astype(np.float32)
+    with xrt.kernel_policy(KernelPolicy(toy="b", validate=False)):
+        np.testing.assert_array_equal(dispatcher.run("toy", (x,)), x + 1)
+    gc.collect()
+    with xrt.kernel_policy(KernelPolicy(toy="a", validate=False)):  # new content: must not hit b's plan
+        np.testing.assert_array_equal(dispatcher.run("toy", (x,)), x + 0)
+    with xrt.kernel_policy(KernelPolicy(toy="b", validate=False)):  # old content: b's plan again
+        np.testing.assert_array_equal(dispatcher.run("toy", (x,)), x + 1)
+    assert dispatcher.plans.stats().hits == 1

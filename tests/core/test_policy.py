@@ -1,8 +1,10 @@
-"""KernelPolicy: construction, global / scoped / environment / file sources, threads and asyncio tasks."""
+"""KernelPolicy: construction, global / scoped / environment / file sources, threads and asyncio tasks;
+misspelt ops and options (with suggestions), unreadable files, and fingerprints that stay bounded."""
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import threading
 
@@ -14,8 +16,15 @@ import xpuruntime as xrt
 from xpuruntime import policy
 from xpuruntime.abi import MathMode, SyncPolicy
 from xpuruntime.dispatch import Dispatcher
-from xpuruntime.errors import PolicyError, UnknownKernelError
+from xpuruntime.errors import (
+    PolicyError,
+    UnknownKernelError,
+    UnknownOpError,
+    XpuRuntimeError,
+)  # fmt: skip
 from xpuruntime.policy import KernelPolicy
+
+rng = np.random.default_rng(5)
 
 
 def test_policy_fields_equality_and_repr():
@@ -184,3 +193,145 @@ def test_asyncio_tasks_with_different_scoped_policies_get_their_own_kernels():
         return await asyncio.gather(*(task(i) for i in range(8)))
 
     assert asyncio.run(main()) == [True] * 8
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: KernelPolicy.from_string("matmul=blocked,strictt=true"),
+        lambda: KernelPolicy.from_string("matmul=blocked,strictt=true", validate=False),
+        lambda: KernelPolicy.from_dict({"matmul": "blocked", "determinstic": True}),
+        lambda: KernelPolicy.from_dict({"preferences": {"matmul": "blocked"}, "Strict": "1"}),
+        lambda: KernelPolicy(math_modes="tf32"),
+    ],
+)
+def test_misspelt_policy_option_is_an_error_with_a_suggestion(make):
+    with pytest.raises(PolicyError, match=r"unknown policy option .* Did you mean '(strict|deterministic|math_mode)'"):
+        make()
+
+
+def test_misspelt_op_name_is_an_error_with_a_suggestion():
+    with pytest.raises(UnknownOpError, match=r"unknown op or policy option 'matmull'\. Did you mean 'matmul'"):
+        KernelPolicy.from_dict({"matmull": "blocked"})
+
+
+def test_environment_policy_with_a_misspelt_option_fails_every_call(monkeypatch):
+    monkeypatch.setenv(policy.ENV_POLICY, "matmul=blocked,strictt=true")
+    a = rng.standard_normal((3, 5)).astype(np.float32)
+    for _ in range(2):
+        with pytest.raises(PolicyError, match=r"\$XPURUNTIME_POLICY: unknown policy option 'strictt'"):
+            xrt.ops.matmul(a, a.T)
+
+
+def test_environment_policy_with_an_unknown_op_fails_naming_its_source(monkeypatch, tmp_path):
+    path = tmp_path / "policy.json"
+    path.write_text(json.dumps({"atention": "chunked"}))
+    monkeypatch.setenv(policy.ENV_POLICY_FILE, str(path))
+    with pytest.raises(UnknownOpError, match=r"policy file .*policy.json: unknown op .*Did you mean 'attention'"):
+        xrt.ops.sum(rng.standard_normal(4))
+
+
+def test_options_and_known_ops_still_parse():
+    p = KernelPolicy.from_string("matmul=blocked,strict=true,deterministic=0,sync=full_sync,math_mode=tf32")
+    assert p.strict and p.preferences == {"matmul": "blocked"} and p.math_mode is xrt.MathMode.TF32
+
+
+@pytest.mark.parametrize(
+    ("suffix", "content", "message"),
+    [
+        (".json", b"\xff\xfe\x00\x01binary\x80", "not UTF-8"),
+        (".json", '{"matmul": "blocked"}'.encode("utf-16"), "not UTF-8"),
+        (".json", b"[" * 100_000 + b"]" * 100_000, "nested more than"),
+        (".json", b'{"a": ' * 5000 + b"1" + b"}" * 5000, "nested more than"),
+        (".toml", b"a = " + b"[" * 100_000 + b"]" * 100_000, "nested more than"),
+        (".toml", b"\x80\x81", "not UTF-8"),
+    ],
+)
+def test_undecodable_or_deep_policy_file_is_a_policy_error(tmp_path, monkeypatch, suffix, content, message):
+    path = tmp_path / f"policy{suffix}"
+    path.write_bytes(content)
+    with pytest.raises(PolicyError, match=message):
+        KernelPolicy.from_file(path)
+    monkeypatch.setenv(policy.ENV_POLICY_FILE, str(path))  # through the environment: every call says so
+    with pytest.raises(PolicyError, match=message):
+        xrt.ops.sum(rng.standard_normal(3))
+
+
+def test_policy_file_with_a_utf8_bom_reads(tmp_path):
+    path = tmp_path / "policy.json"
+    path.write_text('{"matmul": "blocked"}', encoding="utf-8-sig")
+    assert KernelPolicy.from_file(path) == KernelPolicy(matmul="blocked")
+
+
+def test_an_error_never_echoes_a_huge_policy_string_in_full():
+    spec = "x" * 100_000
+    for make in (lambda: KernelPolicy.from_string(spec), lambda: KernelPolicy.from_string(f"matmul={spec}"),
+                 lambda: KernelPolicy.from_string(f"{spec}=blocked"), lambda: xrt.set_kernel_policy(spec)):  # fmt: skip
+        with pytest.raises(XpuRuntimeError) as info:
+            make()
+        assert len(str(info.value)) < 2_000
+
+
+def test_fingerprints_of_dropped_policies_are_forgotten():
+    gc.collect()
+    before = len(policy._fingerprints)
+    for index in range(2_000):
+        KernelPolicy(toy=f"k{index}", validate=False)
+    gc.collect()
+    assert len(policy._fingerprints) <= before + 1
+
+
+def test_equal_policies_share_a_fingerprint_while_either_lives():
+    a = KernelPolicy(matmul="blocked", strict=True)
+    assert KernelPolicy.from_string("strict=1,matmul=blocked").fingerprint is a.fingerprint
+    assert KernelPolicy(matmul="gemv").fingerprint is not a.fingerprint
+
+
+@pytest.mark.parametrize("spec", ["atention=autotune", "matmul=blocked,atention=autotune"])
+def test_environment_policy_checks_the_op_names_of_autotune_entries_too(monkeypatch, spec):
+    """'atention=autotune' in the environment must fail like 'atention=chunked' does, not tune nothing."""
+    monkeypatch.setenv(policy.ENV_POLICY, spec)
+    x = np.random.default_rng().standard_normal((3, 4))
+    with pytest.raises(UnknownOpError, match=r"\$XPURUNTIME_POLICY: unknown op .*Did you mean 'attention'"):
+        xrt.ops.sum(x)
+
+
+def test_an_option_passed_as_a_preference_says_it_is_an_option():
+    """{'strict': 'true'} as preferences used to answer "unknown ... 'strict'. Did you mean 'strict'?"."""
+    from xpuruntime.errors import PolicyError
+
+    with pytest.raises(PolicyError, match="'strict' is a policy option, not an op"):
+        KernelPolicy({"strict": "true"})
+
+
+def test_nested_scopes_check_only_their_own_names():
+    toy_dispatcher = Dispatcher(make_toy_registry({"name": "a"}, {"name": "b"}))
+    with xrt.kernel_policy(KernelPolicy(toy="b", validate=toy_dispatcher.registry)):
+        with xrt.kernel_policy(softmax="numpy"):  # 'toy' is unknown to the default registry: not re-checked
+            assert np.array_equal(toy_dispatcher.run("toy", (np.zeros(2),)), np.ones(2))
+        with pytest.raises(UnknownKernelError), xrt.kernel_policy(softmax="nump"):
+            pass
+    with pytest.raises(UnknownOpError):
+        KernelPolicy(toy="b")
+
+
+def test_environment_policy_names_are_checked_when_their_op_runs(monkeypatch):
+    monkeypatch.setenv(policy.ENV_POLICY, "matmul=blockd")
+    a = np.ones((2, 2), np.float32)
+    xrt.ops.sum(a)  # other ops are unaffected by a matmul preference
+    with pytest.raises(
+        UnknownKernelError, match=r"\$XPURUNTIME_POLICY: unknown kernel 'blockd' for op 'matmul'. Did you"
+    ):
+        xrt.ops.matmul(a, a)
+    spec = xrt.register_kernel("matmul", "blockd", backend="cpu")(lambda args: np.matmul(*args.inputs, out=args.out))
+    try:  # a kernel registered after the environment was read is found
+        assert xrt.default_dispatcher().plan("matmul", a, a).kernel.name == "blockd"
+    finally:
+        xrt.default_registry().unregister_kernel(spec.op, spec.name)
+
+
+def test_malformed_environment_policy_raises_at_every_use(monkeypatch):
+    monkeypatch.setenv(policy.ENV_POLICY, "matmul")
+    for _ in range(2):
+        with pytest.raises(PolicyError, match=r"\$XPURUNTIME_POLICY: expected 'op=kernel'"):
+            xrt.ops.sum(np.ones(3))

@@ -1,7 +1,9 @@
-"""Selection rules: filtering with reasons, scoring, ties, policy win, fallback, strict, unknown names."""
+"""Selection rules: filtering with reasons, scoring, ties, policy win, fallback (and the line its warning names),
+strict, unknown names, conditions that raise."""
 
 from __future__ import annotations
 
+import os
 import warnings
 
 import numpy as np
@@ -210,3 +212,69 @@ def test_builtin_matmul_selection_on_cpu():
     explanation = xrt.explain("matmul", ints, ints, show=False)
     rows = {r["kernel"]: r for r in explanation.rows()}
     assert rows["blocked"]["verdict"] == "rejected" and "dtype int32" in rows["blocked"]["reasons"][0]
+
+
+def _only_float64(ctx):
+    return None if ctx.dtype == "float64" else f"needs float64, got {ctx.dtype}"
+
+
+def test_explain_of_a_failed_strict_call_shows_the_preferred_kernels_own_reasons():
+    """A strict policy naming an explicit-only kernel that cannot run the call: explain's table must show why
+    (its condition), not claim that the policy does not name it, and agree with the error it reports."""
+    registry = make_toy_registry({"name": "any"})
+    registry.register_backend(
+        Backend("named", "cpu", empty=lambda s, d, dev, st_: np.empty(s, d), explicit_only=True, doc="by name")
+    )
+    registry.register_kernel(
+        kernel("toy", "special", backend="named", conditions=(_only_float64,))(lambda args: None)
+    )  # fmt: skip
+    policy = KernelPolicy(toy="special", strict=True, validate=False)
+    x = np.random.default_rng().standard_normal(5).astype(np.float32)
+    explanation = Dispatcher(registry).explain("toy", x, policy=policy)
+    assert isinstance(explanation.error, UnsupportedByPolicyError)
+    [row] = [r for r in explanation.rows() if r["kernel"] == "special"]
+    assert row["reasons"] == ["needs float64, got float32"], row
+    assert "needs float64, got float32" in str(explanation.error)
+
+
+def test_a_fallback_warning_points_at_a_sibling_package_calling_us(tmp_path):
+    """Frames of a package whose path merely starts like ours (xpuruntime_plugins/) are the caller's."""
+    import warnings
+
+    from xpuruntime import dispatch
+    from xpuruntime.errors import KernelFallbackWarning
+
+    registry = make_toy_registry(
+        {"name": "any", "priority": 1},
+        {"name": "f64", "conditions": (lambda ctx: None if ctx.dtype == "float64" else "needs float64",)},
+    )
+    sibling = dispatch._PACKAGE_DIR + "_plugins" + os.sep + "caller.py"
+    namespace: dict = {}
+    exec(compile("def call(run, x):\n    return run('toy', (x,))\n", sibling, "exec"), namespace)
+    with xrt.kernel_policy(KernelPolicy(toy="f64", validate=False)), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        namespace["call"](Dispatcher(registry).run, np.random.default_rng().standard_normal(3).astype(np.float32))
+    (warning,) = [w for w in caught if issubclass(w.category, KernelFallbackWarning)]
+    assert warning.filename == sibling
+
+
+def test_fallback_warning_points_at_the_callers_line():
+    a = np.ones((3, 3), np.float32)
+    with warnings.catch_warnings(record=True) as caught, xrt.kernel_policy(matmul="gemv"):
+        warnings.simplefilter("always")
+        xrt.ops.matmul(a, a)
+    [warning] = [w for w in caught if issubclass(w.category, KernelFallbackWarning)]
+    assert warning.filename == __file__
+
+
+def test_a_faulty_condition_rejects_its_kernel_instead_of_breaking_the_op():
+    def crashes(ctx):
+        return ctx.attrs["nope"]
+
+    reg = make_toy_registry({"name": "ok"}, {"name": "crashy", "priority": 9, "conditions": (crashes,)},
+                            {"name": "truthy", "priority": 9, "conditions": (lambda ctx: True,)})  # fmt: skip
+    dispatcher = Dispatcher(reg)
+    np.testing.assert_array_equal(dispatcher.run("toy", (np.zeros(2),)), np.zeros(2))  # "ok" (index 0) ran
+    rows = {r["kernel"]: r["reasons"] for r in dispatcher.explain("toy", np.zeros(2)).rows()}
+    assert rows["crashy"] == ["condition crashes raised KeyError('nope')"]
+    assert "answered True; expected None, a reason string or a list of them" in rows["truthy"][0]

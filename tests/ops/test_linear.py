@@ -217,3 +217,42 @@ def test_linear_fp16_accumulates_in_fp32(seed):
     w = rng.uniform(0, 1, (3, 4096)).astype(np.float16)
     ref = linear_reference(x, w)
     np.testing.assert_allclose(linear(x, w).astype(np.float64), ref, rtol=2e-3)
+
+
+@pytest.mark.parametrize(
+    ("args", "error", "words"),
+    [
+        ((None, 2, 3), ArgumentError, ["'grad'", "an array", "None"]),
+        ((1.5, 2, 3), ArgumentError, ["'grad'", "an array", "float"]),
+        ((np.ones((2, 4)), 2, 3), ShapeError, ["'grad'", "1-d", "8 elements", "2-d"]),
+        ((np.ones(7), 2, 3), ShapeError, ["'grad'", "n*k + n = 8", "7 elements"]),
+        ((np.ones(6), 2, 3), ShapeError, ["'grad'", "bias=False"]),
+        ((np.ones(8), 2.0, 3), ArgumentError, ["'n'", "non-negative int", "2.0"]),
+        ((np.ones(8), True, 3), ArgumentError, ["'n'", "non-negative int"]),
+        ((np.ones(8), 2, -3), ArgumentError, ["'k'", "non-negative int", "-3"]),
+        ((np.ones(8), 2, np.ones(3)), ArgumentError, ["'k'", "non-negative int"]),
+        ((np.ones(8), 2, "3"), ArgumentError, ["'k'", "non-negative int"]),
+        (([[1.0], [2.0, 3.0]], 1, 1), ArgumentError, ["'grad'", "an array"]),
+    ],
+)  # fmt: skip
+def test_split_weight_grad_errors_name_op_argument_and_expectation(args, error, words):
+    with pytest.raises(error) as info:
+        xrt.ops.split_weight_grad(*args)
+    message = str(info.value)
+    assert isinstance(info.value, XpuRuntimeError) and message.startswith("split_weight_grad: argument ")
+    for word in words:
+        assert word in message, message
+
+
+def test_split_weight_grad_still_returns_views():
+    torch = pytest.importorskip("torch")
+    packed = np.arange(8.0)
+    dw, db = xrt.ops.split_weight_grad(packed, np.int64(2), 3)
+    assert dw.shape == (2, 3) and db.shape == (2,) and np.shares_memory(dw, packed) and np.shares_memory(db, packed)
+    tensor = torch.arange(8.0)
+    dw, db = xrt.ops.split_weight_grad(tensor, 2, 3)
+    assert isinstance(dw, torch.Tensor) and dw.data_ptr() == tensor.data_ptr() and db.tolist() == [6.0, 7.0]
+    dw, db = xrt.ops.split_weight_grad([1.0, 2.0, 3.0], 1, 2)  # array-likes, as every op takes them
+    assert dw.tolist() == [[1.0, 2.0]] and db.tolist() == [3.0]
+    dw, db = xrt.ops.split_weight_grad(np.ones(0), 0, 4)
+    assert dw.shape == (0, 4) and db.shape == (0,)

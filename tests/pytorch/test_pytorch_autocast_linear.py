@@ -16,7 +16,7 @@ from pytorch_cpu_routing import CALLS, routed_registry
 
 import xpuruntime as xrt
 import xpuruntime.pytorch as xtorch
-from xpuruntime.pytorch import native_routes
+from xpuruntime.pytorch import native as native_routes
 from xpuruntime.registry import Backend, kernel
 
 pytestmark = [

@@ -187,7 +187,8 @@ def test_captured_training_step_matches_eager():
 
 def test_autotune_tunes_a_graph_warmup_without_the_routing_cost():
     """Signatures first tuned in CUDAGraphWrapper's warm-up are judged for replay (no host cost)."""
-    from xpuruntime.pytorch import handback, routing
+    from xpuruntime.pytorch import router as routing
+    from xpuruntime.pytorch import tuner as handback
 
     eager_losses, _ = _tiny_step(None, capture=False)
     handback.reset()
@@ -228,7 +229,7 @@ def test_native_routes_run_pytorch_kernel_without_python_and_match_eager():
     """Under matmul=torch the native (C++) override learns each signature once, then runs aten's own GEMM
     without Python, forward and backward: results equal eager bit for bit. Logging observes every call, so
     the fast path is off while it is on."""
-    from xpuruntime.pytorch import native_routes
+    from xpuruntime.pytorch import native as native_routes
 
     if native_routes.load() is None:
         pytest.skip(native_routes.status())

@@ -11,7 +11,8 @@ from pytorch_cpu_routing import CALLS, fake_timings, routed_registry
 
 import xpuruntime as xrt
 import xpuruntime.pytorch as xtorch
-from xpuruntime.pytorch import handback, routing
+from xpuruntime.pytorch import router
+from xpuruntime.pytorch import tuner as handback
 from xpuruntime.registry import Backend, kernel
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning:torch")
@@ -126,7 +127,7 @@ def test_direct_and_routed_calls_keep_their_own_plans(registry, timed, routed_fi
     xtorch.set_kernel_policy(xrt.KernelPolicy({"matmul": "autotune"}, validate=registry))
     a, b = torch.randn(4, 6), torch.randn(6, 3)
     want = a.double().numpy() @ b.double().numpy()
-    calls = [lambda: torch.mm(a, b).numpy(), lambda: routing.get_dispatcher().run("matmul", (a.numpy(), b.numpy()))]
+    calls = [lambda: torch.mm(a, b).numpy(), lambda: router.get_dispatcher().run("matmul", (a.numpy(), b.numpy()))]
     with torch.no_grad():
         for call in calls if routed_first else calls[::-1]:
             np.testing.assert_allclose(call(), want, rtol=1e-5)

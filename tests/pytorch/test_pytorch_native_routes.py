@@ -18,7 +18,9 @@ from pytorch_cpu_routing import CALLS, fake_timings, policy, routed_registry, ru
 import xpuruntime as xrt
 import xpuruntime.pytorch as xtorch
 from xpuruntime.errors import UnsupportedByPolicyError
-from xpuruntime.pytorch import handback, native_routes, overrides
+from xpuruntime.pytorch import install
+from xpuruntime.pytorch import native as native_routes
+from xpuruntime.pytorch import tuner as handback
 from xpuruntime.registry import Backend, kernel
 
 pytestmark = [
@@ -235,8 +237,8 @@ def test_a_rebuild_never_lets_a_call_reach_aten_directly(cpu_routing):
 def test_without_the_extension_the_python_route_serves():
     code = (
         "import torch, xpuruntime.pytorch as xt\n"
-        "from xpuruntime.pytorch import handback, native_routes, overrides\n"
-        "overrides.route_devices(('cpu',))\n"
+        "from xpuruntime.pytorch import install, native as native_routes\n"
+        "install.route_devices(('cpu',))\n"
         "xt.set_kernel_policy(matmul='numpy_blas')\n"
         "a = torch.randn(3, 4); b = torch.randn(4, 2)\n"
         "assert torch.allclose(torch.mm(a, b), (a.double() @ b.double()).float(), atol=1e-5)\n"
@@ -248,7 +250,7 @@ def test_without_the_extension_the_python_route_serves():
 def test_overrides_are_removed_with_the_policy(cpu_routing):
     xtorch.set_kernel_policy(policy("matmul", registry=cpu_routing))
     xtorch.clear_kernel_policy()
-    assert overrides.installed_overrides() == {}
+    assert install.installed_overrides() == {}
     dump = torch._C._dispatch_dump("aten::mm")
     assert not any(line.startswith("CPU: registered at") and "xpuruntime" in line for line in dump.splitlines())
     assert _stats()["enabled"] == 0

@@ -14,7 +14,8 @@ from pytorch_cpu_routing import CALLS, foreign_override, policy, routed_registry
 import xpuruntime as xrt
 import xpuruntime.pytorch as xtorch
 from xpuruntime import arguments
-from xpuruntime.pytorch import aten_norm, families, overrides, routing
+from xpuruntime.pytorch import install, router
+from xpuruntime.pytorch.custom_ops import norm as norm_ops
 from xpuruntime.registry import kernel
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning:torch")
@@ -57,17 +58,34 @@ def test_the_core_policy_functions_install_and_remove_too(cpu_routing):
     with xrt.kernel_policy(policy("layer_norm", registry=cpu_routing)):
         # process-wide overrides: other threads still follow the process policy, which names matmul
         assert set(xtorch.installed_overrides()) == {"layer_norm", "linear", "matmul"}
+    # the scope's override stays (re-entering costs nothing) until the process policy changes
+    assert set(xtorch.installed_overrides()) == {"layer_norm", "linear", "matmul"}
+    xrt.set_kernel_policy(policy("matmul", registry=cpu_routing))
     assert set(xtorch.installed_overrides()) == {"linear", "matmul"}
     xrt.clear_kernel_policy()
     assert xtorch.installed_overrides() == {} and not _our_kernel_at("mm", "CPU")
 
 
-def test_scoped_policy_installs_only_inside(cpu_routing):
+def test_scoped_policy_installs_what_it_needs_once(cpu_routing, monkeypatch):
+    """A scope adds the overrides it needs; they stay after it ends (a scope opened around every call then
+    costs no rebuild), still handing other policies' calls to PyTorch, until the process policy changes."""
     with xtorch.kernel_policy(policy("layer_norm", registry=cpu_routing)):
         assert set(xtorch.installed_overrides()) == {"layer_norm"}
         with xtorch.kernel_policy(policy("layer_norm", "matmul", registry=cpu_routing)):
             assert set(xtorch.installed_overrides()) == {"layer_norm", "linear", "matmul"}
-        assert set(xtorch.installed_overrides()) == {"layer_norm"}
+    assert set(xtorch.installed_overrides()) == {"layer_norm", "linear", "matmul"}
+    x, a, b = torch.randn(3, 5), torch.randn(4, 6), torch.randn(6, 2)
+    torch.testing.assert_close(F.layer_norm(x, (5,)), torch.ops.aten.layer_norm.default.decompose(x, [5]))
+    torch.mm(a, b)
+    assert CALLS["layer_norm"] == 0 and CALLS["matmul"] == 0  # no policy in force steers them now
+    rebuilds = []
+    real = install._rebuild
+    monkeypatch.setattr(install, "_rebuild", lambda *args, **kw: (rebuilds.append(args), real(*args, **kw)))
+    for _ in range(3):
+        with xtorch.kernel_policy(policy("layer_norm", registry=cpu_routing)):
+            F.layer_norm(x, (5,))
+    assert rebuilds == [] and CALLS["layer_norm"] == 3
+    xtorch.clear_kernel_policy()
     assert xtorch.installed_overrides() == {}
 
 
@@ -164,6 +182,7 @@ def test_backward_keeps_the_forward_policy_after_the_scope_ends(cpu_routing):
     ref = torch.autograd.grad(F.layer_norm(x, (6,), weight, bias).square().sum(), (x, weight, bias))
     with xtorch.kernel_policy(policy("layer_norm", "layer_norm_backward", registry=cpu_routing)):
         y = F.layer_norm(x, (6,), weight, bias)
+    xtorch.refresh_overrides()  # drops the overrides the ended scope left in place
     assert xtorch.installed_overrides() == {}
     grads = torch.autograd.grad(y.square().sum(), (x, weight, bias))
     assert CALLS["layer_norm"] == 1
@@ -217,7 +236,7 @@ def test_unrunnable_preference_falls_back_once_then_strict_raises(cpu_routing):
 def test_foreign_override_is_detected(cpu_routing):
     try:
         with foreign_override("bmm"):
-            with pytest.raises(overrides.OverrideConflictError, match="aten::bmm"):
+            with pytest.raises(install.OverrideConflictError, match="aten::bmm"):
                 xtorch.set_kernel_policy(policy("matmul", registry=cpu_routing))
             assert xtorch.installed_overrides() == {}
     finally:
@@ -291,8 +310,8 @@ def test_training_steps_never_rebuild_the_overrides(cpu_routing, monkeypatch):
     assert {"matmul", "linear", "attention", "layer_norm"} <= set(xtorch.installed_overrides())
     step()
     rebuilds = []
-    real = overrides._rebuild
-    monkeypatch.setattr(overrides, "_rebuild", lambda *a, **k: (rebuilds.append(a), real(*a, **k)))
+    real = install._rebuild
+    monkeypatch.setattr(install, "_rebuild", lambda *a, **k: (rebuilds.append(a), real(*a, **k)))
     CALLS.clear()
     for _ in range(3):
         step()
@@ -308,7 +327,7 @@ def test_layer_norm_run_by_pytorch_keeps_its_stats_for_the_backward(cpu_routing,
     bias = torch.randn(6, dtype=torch.bfloat16, requires_grad=True)
     dy = torch.randn(4, 6, dtype=torch.bfloat16)
     ref = torch.autograd.grad(F.layer_norm(x, (6,), weight, bias), (x, weight, bias), dy)
-    monkeypatch.setattr(aten_norm, "_stats", lambda *a: pytest.fail("stats recomputed"))
+    monkeypatch.setattr(norm_ops, "stats", lambda *a: pytest.fail("stats recomputed"))
     xtorch.set_kernel_policy(policy("layer_norm", registry=cpu_routing))
     y = F.layer_norm(x, (6,), weight, bias)
     grads = torch.autograd.grad(y, (x, weight, bias), dy)
@@ -335,13 +354,13 @@ def test_fell_back_builds_a_plan_key_only_after_a_fallback(cpu_routing, monkeypa
         result = fn()
         return result, len(keys) - before
 
-    run = routing.get_dispatcher().run
+    run = router.get_dispatcher().run
     run("matmul", (a32, a32), (), None, prefers_test_mm)
-    assert keys_built_by(lambda: families.fell_back("matmul", (a32, a32), (), prefers_test_mm)) == (False, 0)
+    assert keys_built_by(lambda: router.fell_back("matmul", (a32, a32), (), prefers_test_mm)) == (False, 0)
     with pytest.warns(xrt.KernelFallbackWarning):
         run("matmul", (a64, a64), (), None, prefers_test_mm)
-    assert keys_built_by(lambda: families.fell_back("matmul", (a64, a64), (), prefers_test_mm)) == (True, 1)
-    assert keys_built_by(lambda: families.fell_back("matmul", (a32, a32), (), prefers_test_mm)) == (False, 1)
+    assert keys_built_by(lambda: router.fell_back("matmul", (a64, a64), (), prefers_test_mm)) == (True, 1)
+    assert keys_built_by(lambda: router.fell_back("matmul", (a32, a32), (), prefers_test_mm)) == (False, 1)
 
 
 def test_framework_calls_inside_a_dispatched_kernel_are_not_routed_again(cpu_routing):
@@ -357,6 +376,41 @@ def test_framework_calls_inside_a_dispatched_kernel_are_not_routed_again(cpu_rou
     cpu_routing.register_kernel(kernel("matmul", "reentering", backend="torchcpu", dtypes={"float32"})(reentering))
     xtorch.set_kernel_policy(xrt.KernelPolicy({"matmul": "reentering"}, validate=cpu_routing))
     a, b = torch.randn(5, 7), torch.randn(7, 3)
-    got = routing.get_dispatcher().run("matmul", (a, b))
+    got = router.get_dispatcher().run("matmul", (a, b))
     assert CALLS["reentering"] == 1
     torch.testing.assert_close(got, a @ b, rtol=1e-5, atol=1e-5)
+
+
+def test_a_scope_refused_for_a_foreign_override_leaves_nothing_behind(cpu_routing):
+    with (
+        foreign_override("bmm"),
+        pytest.raises(install.OverrideConflictError, match="aten::bmm"),
+        xtorch.kernel_policy(policy("matmul", registry=cpu_routing)),
+    ):
+        pytest.fail("the block must not run")
+    assert not install.STATE.install.scoped
+    xtorch.set_kernel_policy(policy("layer_norm", registry=cpu_routing))
+    assert set(xtorch.installed_overrides()) == {"layer_norm"}  # not the refused scope's matmul too
+    xtorch.clear_kernel_policy()
+    assert xtorch.installed_overrides() == {}
+
+
+def test_entering_a_prebuilt_scope_costs_microseconds_and_makes_no_plan(cpu_routing):
+    """Issue 25 item 3: a scope opened around every call neither rebuilds overrides nor selects again
+    (benchmarks/pytorch_front_end.py measures it: ~4 us on the CI machine, nullcontext ~0.3 us)."""
+    import time
+
+    scoped = policy("attention", "layer_norm", registry=cpu_routing)
+    with xtorch.kernel_policy(scoped):  # the first entry installs what the policy needs
+        pass
+    plans = router.get_dispatcher().plans
+    misses = plans.misses
+    samples = []
+    for _ in range(5):
+        start = time.perf_counter()
+        for _ in range(500):
+            with xtorch.kernel_policy(scoped):
+                pass
+        samples.append((time.perf_counter() - start) / 500 * 1e6)
+    assert plans.misses == misses
+    assert min(samples) < 60.0, samples  # a rebuild costs ~100 us per scope; a generous bound for shared CI

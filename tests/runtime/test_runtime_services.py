@@ -1,8 +1,6 @@
-"""ABI types, devices, workspace lending and sync policy."""
+"""ABI types, devices and sync policy."""
 
 from __future__ import annotations
-
-import threading
 
 import numpy as np
 import pytest
@@ -13,9 +11,8 @@ from xpuruntime.abi import ArgPack, LaunchConfig, MathMode, SyncPolicy, TensorSp
 from xpuruntime.dispatch import Dispatcher
 from xpuruntime.errors import PolicyError
 from xpuruntime.policy import KernelPolicy
-from xpuruntime.registry import Backend, kernel
+from xpuruntime.registry import Backend
 from xpuruntime.runtime import device
-from xpuruntime.runtime.workspace import WorkspaceManager
 
 
 def test_tensor_spec_strides_layout_and_size():
@@ -69,35 +66,6 @@ def test_full_sync_policy_synchronizes_after_each_launch():
         dispatcher.run("toy", (np.ones(2),))
         dispatcher.run("toy", (np.ones(2),))
     assert synced == ["cpu", "cpu"]
-
-
-def test_workspace_is_lent_per_thread_and_reused():
-    manager = WorkspaceManager()
-    empty = lambda shape, dtype, dev, stream: np.empty(shape, dtype)  # noqa: E731
-    first = manager.lend(100, "cpu", empty)
-    again = manager.lend(60, "cpu", empty)
-    assert first.nbytes == 100 and again.nbytes == 60 and np.shares_memory(first, again)
-    other = []
-    thread = threading.Thread(target=lambda: other.append(manager.lend(100, "cpu", empty)))
-    thread.start()
-    thread.join()
-    assert not np.shares_memory(first, other[0])
-    assert manager.peak_bytes == 100
-
-
-def test_kernel_receives_the_workspace_it_asked_for():
-    seen = []
-
-    def launch(args):
-        seen.append(args.workspace_bytes)
-        np.copyto(args.out, args.inputs[0])
-
-    registry = make_toy_registry()
-    registry.register_kernel(
-        kernel("toy", "scratchy", backend="cpu", workspace_bytes=lambda ctx: 8 * ctx.tensor("x").numel)(launch)
-    )
-    Dispatcher(registry).run("toy", (np.ones((3, 5)),))
-    assert seen == [120]
 
 
 def test_devices_always_lists_the_cpu_first():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from xpuruntime.errors import XpuRuntimeError
 from xpuruntime.runtime import streams
 
 
@@ -94,3 +95,17 @@ def test_current_stream_follows_switches_and_builds_each_stream_object_once(monk
         assert streams.current_stream("cuda:1") is default1
     assert fake.built == built, "cached stream objects were rebuilt"
     assert streams.current_stream("cpu") is None
+
+
+def test_stream_and_event_without_pytorch_fail_with_a_clear_error(monkeypatch):
+    """cuda.core has no current stream: waiting on 'the current one' or entering a stream must say so."""
+    from xpuruntime.runtime import streams
+
+    class CoreEvent:  # a cuda.core event has no .wait of its own
+        pass
+
+    monkeypatch.setattr(streams, "_torch", lambda: None)
+    with pytest.raises(XpuRuntimeError, match=r"Event\.wait: .*stream="):
+        streams.Event(CoreEvent()).wait()
+    with pytest.raises(XpuRuntimeError, match="needs PyTorch"), streams.Stream(object()):
+        pass

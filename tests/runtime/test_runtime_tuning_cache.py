@@ -213,3 +213,32 @@ def test_two_processes_tuning_at_once(tmp_path):
             assert stored is not None and stored["by"] in pids
             assert stored["block"] == value["block"] == seen[1][key]["block"]
     assert len(seen[0]) == 40
+
+
+def test_an_unwritable_cache_folder_warns_once_and_keeps_results_in_memory(tmp_path):
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("a file where the cache folder should be")
+    cache = TuningCache(blocker / "tuning")
+    keys = [tuning_cache.key("matmul", dtypes="float32", shape=(n, 64)) for n in (100, 300, 900)]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        values = [cache.get_or_tune(k, lambda n=n: {"block": n}) for n, k in enumerate(keys)]
+        assert [cache.get(k) for k in keys] == values == [{"block": n} for n in range(3)]
+    writes = [w for w in caught if "cannot be written" in str(w.message)]
+    assert len(writes) == 1 and writes[0].category is TuningCacheWarning
+
+
+def test_a_corrupt_file_warns_once_per_process_across_cache_instances(tmp_path, monkeypatch):
+    k = tuning_cache.key("softmax", dtypes="float16", shape=(4096,))
+    monkeypatch.setenv(tuning_cache.ENV_CACHE_DIR, str(tmp_path / "a"))
+    monkeypatch.setattr(tuning_cache, "_default", None)
+    path = tuning_cache.default_cache().path(k)
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b'{"format": 1, "key": ')
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for folder in ("a", "b", "a", "b", "a"):  # default_cache() follows the variable with new instances
+            monkeypatch.setenv(tuning_cache.ENV_CACHE_DIR, str(tmp_path / folder))
+            assert tuning_cache.get(k) is None
+        assert TuningCache(tmp_path / "a" / "tuning").get(k) is None
+    assert [w.category for w in caught] == [TuningCacheWarning], [str(w.message) for w in caught]

@@ -1,7 +1,7 @@
-"""`python -m xpuruntime.bench`: run the benchmark suite."""
+"""`python -m xpuruntime.bench`: the same as `xpuruntime bench`."""
 
 import sys
 
-from . import main
+from .cli import main
 
 sys.exit(main())

@@ -1,4 +1,5 @@
-"""Benchmark rows: attention forward and forward+backward (flash_v2) beside PyTorch's SDPA backends.
+"""Attention: flash_v2 (our Triton flash attention) forward and forward + backward against PyTorch's SDPA
+backends, and how close `auto` and `autotune` come to the fastest kernel at each shape.
 
 Shapes B4 H16 S{1024..8192} D{64, 128}, causal and not (bf16; fp16 at S2048), plus one grouped-query
 and one masked shape. The anchor is PyTorch's flash backend (the issue's targets are ratios to it);
@@ -14,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from . import Row, Setup
-from ._triton_rows import close, forced, needs_cuda, randn
+from .common import close, forced, needs_triton, randn
+from .row import Row, Setup
 
 B, H = 4, 16
 
@@ -197,18 +198,19 @@ def _rows() -> list[Row]:
     for S, D, causal, dtype in shapes:
         tag = f"{'bf16' if dtype == 'bfloat16' else 'fp16'} B{B} H{H} S{S} D{D}{' causal' if causal else ''}"
         rows.append(Row(f"attention fwd {tag}", "attention", lambda S=S, D=D, c=causal, t=dtype: _forward(S, D, c, t),
-                        target=_target(D, False), units="TFLOP/s", requires=needs_cuda,
-                        doc="flash_v2 forward vs PyTorch's flash backend"))  # fmt: skip
+                        target=_target(D, False), units="TFLOP/s", requires=needs_triton,
+                        anchor="PyTorch SDPA flash backend", doc="flash_v2 forward"))  # fmt: skip
         rows.append(Row(f"attention fwd+bwd {tag}", "attention",
                         lambda S=S, D=D, c=causal, t=dtype: _forward_backward(S, D, c, t), target=_target(D, True),
-                        units="TFLOP/s", requires=needs_cuda,
-                        doc="flash_v2 forward+backward vs PyTorch's flash backend"))  # fmt: skip
+                        units="TFLOP/s", requires=needs_triton,
+                        anchor="PyTorch SDPA flash backend", doc="flash_v2 forward + backward"))  # fmt: skip
     rows.append(Row("attention fwd+bwd GQA bf16 B4 H16/4 S2048 D128", "attention",
                     lambda: _forward_backward(2048, 128, False, "bfloat16", kv_heads=4), target=1.2, units="TFLOP/s",
-                    requires=needs_cuda, doc="grouped-query attention (4 key/value heads)"))  # fmt: skip
+                    requires=needs_triton, anchor="PyTorch SDPA (its default)",
+                    doc="grouped-query attention, 4 key/value heads"))  # fmt: skip
     rows.append(Row("attention fwd masked bf16 B4 H16 S2048 D128", "attention",
-                    lambda: _masked_forward(2048, 128, "bfloat16"), units="TFLOP/s", requires=needs_cuda,
-                    doc="additive mask"))  # fmt: skip
+                    lambda: _masked_forward(2048, 128, "bfloat16"), units="TFLOP/s", requires=needs_triton,
+                    anchor="PyTorch SDPA efficient backend", doc="additive mask"))  # fmt: skip
     return rows
 
 

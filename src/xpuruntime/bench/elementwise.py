@@ -1,9 +1,10 @@
-"""Benchmark rows: the fused elementwise sin(a*x+b) and the row sum (Triton) beside PyTorch."""
+"""Elementwise and reductions: the fused elementwise `sin(a*x+b)` and the row sum (Triton) against PyTorch's
+eager kernels and torch.compile."""
 
 from __future__ import annotations
 
-from . import Row, Setup, kernel_alternatives
-from ._triton_rows import close, forced, needs_cuda, randn
+from .common import close, forced, kernel_alternatives, needs_triton, randn
+from .row import Row, Setup
 
 M, N = 8192, 8192
 A, B = 1.7, -0.3
@@ -42,9 +43,9 @@ def _sum_rows() -> Setup:
 
 ROWS = [
     Row(f"sin_affine {M}x{N} fp32 vs eager", "elementwise", lambda: _sin_affine(False), target=2.7,
-        target_kind="TB/s", requires=needs_cuda, doc="y = sin(a*x + b): Triton vs eager PyTorch (3 kernels)"),
+        target_kind="TB/s", requires=needs_triton, anchor="eager torch.sin(a * x + b)", doc="one Triton kernel"),
     Row(f"sin_affine {M}x{N} fp32 vs torch.compile", "elementwise", lambda: _sin_affine(True),
-        requires=needs_cuda, doc="Triton vs the same expression under torch.compile (no target)"),
-    Row(f"sum(-1) {M}x{N} fp32", "reduction", _sum_rows, target=0.95, requires=needs_cuda,
-        doc="Triton row sum vs torch.sum"),
+        requires=needs_triton, anchor="torch.compile of the same", doc="one Triton kernel"),
+    Row(f"sum(-1) {M}x{N} fp32", "reduction", _sum_rows, target=0.95, requires=needs_triton,
+        anchor="torch.sum", doc="Triton row sum"),
 ]  # fmt: skip

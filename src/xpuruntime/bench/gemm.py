@@ -1,36 +1,14 @@
-"""GEMM rows: cuBLASLt matmul against PyTorch's cuBLAS, the fused linear+bias+GELU epilogue against
-eager `gelu(linear(x) + b)`, and GEMV (M = 1) against the bandwidth of a plain copy. bf16 throughout."""
+"""GEMM: cuBLASLt through policy `cublasLt` against PyTorch's cuBLAS, the fused linear + bias + GELU epilogue
+against eager `gelu(linear(x) + b)`, our tuned Triton matmul against cuBLAS, and GEMV against the bandwidth of
+a plain copy. bf16 throughout."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
 
-from . import Row, Setup, kernel_alternatives
-
-
-def _needs_cublaslt() -> str | None:
-    """Why the cuBLASLt rows cannot run here (no torch, no CUDA, no nvmath), else None."""
-    try:
-        import torch
-    except ImportError:
-        return "PyTorch is not installed"
-    if not torch.cuda.is_available():
-        return "no CUDA device"
-    import xpuruntime as xrt
-
-    backend = xrt.default_registry().backends.get("cublaslt")
-    if backend is None:
-        return "the cublaslt backend did not load"
-    return backend.unavailable_reason
-
-
-def _needs_cuda() -> str | None:
-    try:
-        import torch
-    except ImportError:
-        return "PyTorch is not installed"
-    return None if torch.cuda.is_available() else "no CUDA device"
+from .common import close, forced, kernel_alternatives, needs_cublaslt, needs_triton, randn
+from .row import Row, Setup
 
 
 def _relative_error(got: Any, ref: Any) -> float:
@@ -45,10 +23,8 @@ def _check(ours: Callable[[], Any], reference: Callable[[], Any], tol: float) ->
     return check
 
 
-def _randn(*shape: int, scale: float = 1.0) -> Any:
-    import torch
-
-    return (torch.randn(*shape, device="cuda") * scale).to(torch.bfloat16)
+def _randn_bf16(*shape: int, scale: float = 1.0) -> Any:
+    return randn(*shape, dtype="bfloat16", scale=scale)
 
 
 def _matmul_setup(size: int) -> Callable[[], Setup]:
@@ -57,7 +33,7 @@ def _matmul_setup(size: int) -> Callable[[], Setup]:
 
         import xpuruntime as xrt
 
-        a, b = _randn(size, size), _randn(size, size, scale=size**-0.5)
+        a, b = _randn_bf16(size, size), _randn_bf16(size, size, scale=size**-0.5)
 
         policy = xrt.KernelPolicy(matmul="cublasLt", strict=True)  # made once: entering its scope is cheap
 
@@ -80,7 +56,7 @@ def _linear_gelu_setup(m: int, n: int, k: int) -> Callable[[], Setup]:
 
         import xpuruntime as xrt
 
-        x, w, bias = _randn(m, k), _randn(n, k, scale=k**-0.5), _randn(n)
+        x, w, bias = _randn_bf16(m, k), _randn_bf16(n, k, scale=k**-0.5), _randn_bf16(n)
 
         policy = xrt.KernelPolicy(linear="cublasLt", strict=True)  # made once: entering its scope is cheap
 
@@ -108,7 +84,7 @@ def _gemv_setup(k: int, n: int) -> Callable[[], Setup]:
 
         import xpuruntime as xrt
 
-        v, w = _randn(1, k), _randn(k, n, scale=k**-0.5)
+        v, w = _randn_bf16(1, k), _randn_bf16(k, n, scale=k**-0.5)
         copy = torch.empty_like(w)
         nbytes = w.numel() * w.element_size()
 
@@ -126,20 +102,80 @@ def _gemv_setup(k: int, n: int) -> Callable[[], Setup]:
     return setup
 
 
+def _matmul(n: int) -> Setup:
+    import torch
+
+    import xpuruntime as xrt
+
+    a, b = randn(n, n, dtype="bfloat16"), randn(n, n, dtype="bfloat16")
+    call = lambda: xrt.ops.matmul(a, b)  # noqa: E731
+    ours = forced("matmul", "triton", call)
+    return Setup(
+        ours=ours, anchor=lambda: torch.matmul(a, b), flops=2 * n**3,
+        check=lambda: close(ours(), torch.matmul(a, b), 1e-2),
+        alternatives=kernel_alternatives("matmul", call, a, b),
+        note="first call tunes BM/BN/BK/warps/stages (winner kept in the tuning cache)",
+    )  # fmt: skip
+
+
+G = 16384
+
+
+def _gemv(column: bool) -> Setup:
+    """y = A x (N == 1) or y = x B (M == 1) with a bf16 16384x16384 matrix; anchor: copying that matrix."""
+    import torch
+
+    import xpuruntime as xrt
+
+    w, v = randn(G, G, dtype="bfloat16"), randn(G, dtype="bfloat16")
+    dst = torch.empty_like(w)
+    call = (lambda: xrt.ops.matmul(w, v)) if column else (lambda: xrt.ops.matmul(v, w))
+    ours = forced("matmul", "triton_gemv" if column else "triton_gemv_t", call, *((w, v) if column else (v, w)))
+    reference = (lambda: torch.mv(w, v)) if column else (lambda: v @ w)
+    return Setup(
+        ours=ours, anchor=lambda: dst.copy_(w), bytes=2 * (G * G + 2 * G), anchor_bytes=2 * 2 * G * G,
+        check=lambda: close(ours(), reference(), 1e-2),
+        alternatives=kernel_alternatives("matmul", call, *((w, v) if column else (v, w))),
+        note="anchor: device-to-device copy of the matrix (bytes read + written)",
+    )  # fmt: skip
+
+
+def _gemv_vs_cublas() -> Setup:
+    import torch
+
+    import xpuruntime as xrt
+
+    w, v = randn(G, G, dtype="bfloat16"), randn(G, dtype="bfloat16")
+    ours = forced("matmul", "triton_gemv", lambda: xrt.ops.matmul(w, v), w, v)
+    return Setup(ours=ours, anchor=lambda: torch.mv(w, v), bytes=2 * (G * G + 2 * G))
+
+
 ROWS = [
     *(
-        Row(f"matmul cublasLt {s}^3 bf16", "gemm", _matmul_setup(s), target=0.97, units="TFLOP/s",
-            requires=_needs_cublaslt, doc="policy matmul=cublasLt against torch.matmul (cuBLAS)")
+        Row(f"matmul cublasLt {s}^3 bf16", "cublasLt", _matmul_setup(s), target=0.97, units="TFLOP/s",
+            requires=needs_cublaslt, anchor="torch.matmul (cuBLAS)", doc="policy matmul=cublasLt")
         for s in (4096, 8192)
     ),
     *(
-        Row(f"linear+bias+gelu cublasLt {m}x4096x4096 bf16", "gemm", _linear_gelu_setup(m, 4096, 4096), target=1.3,
-            units="TFLOP/s", requires=_needs_cublaslt, doc="fused GELU_BIAS against eager gelu(linear(x) + b)")
+        Row(f"linear+bias+gelu cublasLt {m}x4096x4096 bf16", "cublasLt", _linear_gelu_setup(m, 4096, 4096),
+            target=1.3, units="TFLOP/s", requires=needs_cublaslt, anchor="eager gelu(linear(x) + b)",
+            doc="one GEMM with the GELU_BIAS epilogue")
         for m in (8192, 2048)
     ),
     *(
-        Row(f"gemv M=1 {k}x{n} bf16", "gemm", _gemv_setup(k, n), target=0.8, units="TB/s", requires=_needs_cuda,
-            doc="matmul of one row by a weight, against the bandwidth of copying that weight")
+        Row(f"gemv M=1 {k}x{n} bf16", "gemv", _gemv_setup(k, n), target=0.8, units="TB/s", requires=needs_triton,
+            anchor="copy of the weight", doc="matmul of one row by a weight, automatic selection")
         for k, n in ((8192, 8192), (4096, 16384))
     ),
+    *(
+        Row(f"triton matmul {n}^3 bf16", "triton", lambda n=n: _matmul(n), target=0.85, units="TFLOP/s",
+            requires=needs_triton, anchor="torch.matmul (cuBLAS)", doc="tuned Triton tiles")
+        for n in (4096, 8192)
+    ),
+    Row(f"gemv {G}x{G} @ x bf16 vs copy", "gemv", lambda: _gemv(True), target=0.8, requires=needs_triton,
+        anchor="copy of the matrix", doc="Triton GEMV, N = 1"),
+    Row(f"gemv x @ {G}x{G} bf16 vs copy", "gemv", lambda: _gemv(False), target=0.8, requires=needs_triton,
+        anchor="copy of the matrix", doc="Triton GEMV, M = 1"),
+    Row(f"gemv {G}x{G} @ x bf16 vs cuBLAS", "gemv", _gemv_vs_cublas, requires=needs_triton, anchor="torch.mv",
+        doc="Triton GEMV, no target"),
 ]  # fmt: skip

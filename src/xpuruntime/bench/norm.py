@@ -1,9 +1,9 @@
-"""Benchmark rows: layer_norm / rms_norm forward and forward+backward (Triton) beside PyTorch."""
+"""Norms: our Triton layer norm and RMS norm, forward and forward + backward, against PyTorch's."""
 
 from __future__ import annotations
 
-from . import Row, Setup, kernel_alternatives
-from ._triton_rows import close, forced, needs_cuda, randn
+from .common import close, forced, kernel_alternatives, needs_triton, randn
+from .row import Row, Setup
 
 M, N = 8192, 4096
 
@@ -103,14 +103,59 @@ def _rms_norm_forward_backward() -> Setup:
     return Setup(ours=ours, anchor=anchor, bytes=2 * 5 * M * N)
 
 
+def _routed_forward_backward(op: str, m: int, n: int):
+    """F.layer_norm / F.rms_norm forward + backward under `op="triton"` (the route, autograd and all) against
+    PyTorch's, wall time per call: what a training step pays (issue 25 item 3)."""
+
+    def setup() -> Setup:
+        import statistics
+
+        import torch.nn.functional as F
+        from triton.testing import do_bench
+
+        import xpuruntime as xrt
+        import xpuruntime.pytorch as xtorch
+
+        x, w, b, dy = (randn(*s, dtype="bfloat16") for s in ((m, n), (n,), (n,), (m, n)))
+        for t in (x, w, b):
+            t.requires_grad_()
+        if op == "layer_norm":
+            call = lambda: F.layer_norm(x, (n,), w, b).backward(dy)  # noqa: E731
+        else:
+            call = lambda: F.rms_norm(x, (n,), w, 1e-6).backward(dy)  # noqa: E731
+        policy = xrt.KernelPolicy(**{op: "triton"})
+
+        def measure(timer: object) -> dict[str, float]:
+            times: dict[str, list[float]] = {"ours": [], "anchor": []}
+            try:
+                for _ in range(4):
+                    for name, chosen in (("ours", policy), ("anchor", None)):
+                        xtorch.set_kernel_policy(chosen)
+                        times[name].append(float(do_bench(call, warmup=25, rep=100, return_mode="median")))
+            finally:
+                xtorch.clear_kernel_policy()
+            return {name: statistics.median(values) for name, values in times.items()}
+
+        note = "do_bench wall time (host-bound calls show their host time), alternating policies"
+        return Setup(call, call, bytes=2 * 5 * m * n, measure=measure, note=note)
+
+    return setup
+
+
 _SHAPE = f"{M}x{N} bf16"
 ROWS = [
     Row(f"layer_norm forward {_SHAPE}", "norm", _layer_norm_forward, target=2.6, target_kind="TB/s",
-        requires=needs_cuda, doc="Triton layer norm vs F.layer_norm"),
+        requires=needs_triton, anchor="F.layer_norm", doc="Triton forward"),
     Row(f"layer_norm forward+backward {_SHAPE}", "norm", _layer_norm_forward_backward, target=1.3,
-        requires=needs_cuda, doc="Triton forward + layer_norm_backward vs F.layer_norm with autograd"),
-    Row(f"rms_norm forward {_SHAPE}", "norm", _rms_norm_forward, target=1.1, requires=needs_cuda,
-        doc="Triton RMS norm vs F.rms_norm"),
-    Row(f"rms_norm forward+backward {_SHAPE}", "norm", _rms_norm_forward_backward, requires=needs_cuda,
-        doc="Triton forward + rms_norm_backward vs F.rms_norm with autograd (no target)"),
+        requires=needs_triton, anchor="F.layer_norm with autograd", doc="Triton forward + layer_norm_backward"),
+    Row(f"rms_norm forward {_SHAPE}", "norm", _rms_norm_forward, target=1.1, requires=needs_triton,
+        anchor="F.rms_norm", doc="Triton forward"),
+    Row(f"rms_norm forward+backward {_SHAPE}", "norm", _rms_norm_forward_backward, requires=needs_triton,
+        anchor="F.rms_norm with autograd", doc="Triton forward + rms_norm_backward"),
+]  # fmt: skip
+ROWS += [
+    Row(f"F.{op} forward+backward routed {m}x{n} bf16", "routed", _routed_forward_backward(op, m, n), target=1.0,
+        requires=needs_triton, anchor=f"F.{op} forward+backward, no policy",
+        doc=f"policy {op}=triton: the aten route, its autograd and our kernels, wall time")
+    for op in ("layer_norm", "rms_norm") for m, n in ((8192, 4096), (16384, 1024))
 ]  # fmt: skip

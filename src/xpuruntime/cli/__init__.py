@@ -1,10 +1,11 @@
-"""The `xpuruntime` command: info, kernels, explain, demo and bench.
+"""The `xpuruntime` command: info, kernels, explain, demo, run, bench and cache.
 
     xpuruntime info
     xpuruntime kernels matmul
     xpuruntime explain matmul --shape 256x512 --shape 512x128 --dtype float16 --policy matmul=blocked
     xpuruntime demo --trace trace.json
     xpuruntime bench --only norm --out bench-results
+    xpuruntime cache list
 
 Errors the runtime reports (unknown names, bad shapes, bad policies) become a one-line message on stderr
 and exit code 2, as argparse does for usage errors.
@@ -214,11 +215,8 @@ def cmd_demo(args: argparse.Namespace, console: Console) -> int:
     from ..profiling import check_trace_path
     from .demo import run_demo
 
-    if args.trace is not None:  # before any work, and `--trace ""` too
-        try:
-            check_trace_path(args.trace)
-        except XpuRuntimeError as exc:
-            raise ArgumentError(f"--trace: {str(exc).removeprefix('export_chrome_trace: ')}") from None
+    if args.trace is not None:  # before any work, and `--trace ""` too: the message names the option
+        check_trace_path(args.trace, "--trace")
     return run_demo(console, iterations=args.iterations, size=args.size, trace=args.trace)
 
 
@@ -278,9 +276,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench_arguments(bench)
     bench.set_defaults(handler=cmd_bench)
 
+    from .cache import add_parser as add_cache_parser
     from .run import add_parser as add_run_parser  # the InferenceSession command lives in its own module
 
     add_run_parser(commands)
+    add_cache_parser(commands)
     return parser
 
 

@@ -334,7 +334,7 @@ def run_demo(console: Console, iterations: int = 3, size: str = "small", trace: 
     console.print(f"[bold]xpuruntime demo[/]: encoder forward pass ({dims.describe()}), "
                   f"{iterations} iteration(s) per policy run\n")  # fmt: skip
     if trace is not None:
-        check_trace_path(trace)  # a bad path fails before the work, not after it
+        check_trace_path(trace, "run_demo: argument 'trace'")  # a bad path fails before the work, not after it
     prof_scope = xrt.profiler() if trace is not None else contextlib.nullcontext()
     with _dispatch_logging():
         with prof_scope as prof:

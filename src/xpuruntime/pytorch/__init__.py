@@ -1,11 +1,27 @@
-"""xpuruntime.pytorch: the kernel policy inside an unmodified PyTorch training loop.
+"""xpuruntime.pytorch: the kernel policy inside an unmodified PyTorch training loop, eager or compiled.
 
     import xpuruntime.pytorch as xrt_torch
     xrt_torch.set_kernel_policy(matmul="cublasLt", attention="flash_v2")
-    # ... the training loop as before: forward and backward follow the policy
+    # ... the training loop as before: forward and backward follow the policy, also under torch.compile
 
-The policy store is the core's; while the policy names a kernel for an op, that op's aten kernels
-are overridden (see `overrides`), and nothing is installed otherwise.
+The policy store is the core's; while the policy names a kernel for an op, that op's aten kernels are
+overridden (see `install`), and nothing is installed otherwise. Every routed op is also a torch.library
+custom op (`custom_ops`), which the routes emit into graphs that torch.compile traces (see `tracing` and
+`compiled`).
+
+The modules form layers, each importing only those below it (tests/pytorch/test_pytorch_layers.py checks):
+
+    __init__, policy, ops, graphs, autocast, profiling, allocator   the public API
+    install      the aten registrations the policies need
+    compiled     inductor's graph passes (matrix products; the routing guard)
+    routes       the aten overrides, one file per op family
+    tracing      decisions while a graph is traced; the routing guard; calls a policy cannot take
+    custom_ops   the torch.library ops and their bodies, one file per op family (over custom_ops.common)
+    router       dispatching a routed call; which ops a policy steers; op families against the registry
+    tuner        autotune's verdicts on routed calls and its hand-backs to PyTorch
+    native       the C++ routes (native_routes.cpp)
+    families     which ops share a policy's kernel name
+    state        the one state object, STATE
 """
 
 from __future__ import annotations
@@ -18,11 +34,13 @@ except ImportError:
 from . import ops
 from .allocator import allocator_stats, reset_allocator, set_allocator
 from .autocast import autocast
+from .compiled import watch_inductor
 from .graphs import CUDAGraphWrapper, capture_graph
-from .handback import handed_back
-from .overrides import installed_overrides, refresh_overrides
+from .install import installed_overrides, refresh_overrides
 from .policy import KernelPolicy, clear_kernel_policy, get_kernel_policy, kernel_policy, set_kernel_policy
 from .profiling import profile
+from .tracing import compiled_decisions
+from .tuner import handed_back
 
 __all__ = [
     "CUDAGraphWrapper",
@@ -31,6 +49,7 @@ __all__ = [
     "autocast",
     "capture_graph",
     "clear_kernel_policy",
+    "compiled_decisions",
     "get_kernel_policy",
     "handed_back",
     "installed_overrides",
@@ -44,3 +63,4 @@ __all__ = [
 ]
 
 refresh_overrides()  # a policy from the environment applies from the start
+watch_inductor()  # the graph passes, once torch.compile loads inductor

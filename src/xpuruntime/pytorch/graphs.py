@@ -15,11 +15,11 @@ from typing import Any
 import torch
 
 from ..abi import SyncPolicy
-from ..errors import XpuRuntimeError
+from ..errors import ArgumentError, XpuRuntimeError, argument_error
 from ..policy import current_policy
 from ..profiling import record_range
-from . import handback
-from .routing import get_dispatcher
+from . import tuner
+from .router import get_dispatcher
 
 
 class GraphError(XpuRuntimeError, RuntimeError):
@@ -50,6 +50,11 @@ class CUDAGraphWrapper:
     """capture(fn, *args, **kwargs) once, then replay() re-runs the captured kernels on the same buffers."""
 
     def __init__(self, warmup_iters: int = 3, pool: Any = None) -> None:
+        if type(warmup_iters) is not int or warmup_iters < 0:  # bool is an int to Python, never a count here
+            raise argument_error(
+                ArgumentError, "CUDAGraphWrapper", "warmup_iters", "an int >= 0 (warm-up calls before capture)",
+                repr(warmup_iters),
+            )  # fmt: skip
         self.warmup_iters = warmup_iters
         self.pool = pool
         self.graph: torch.cuda.CUDAGraph | None = None
@@ -62,11 +67,11 @@ class CUDAGraphWrapper:
 
     def capture(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Warm up on a side stream (plans and handles made there; autotune charges no routing cost, see
-        `handback.for_graph`), then capture one call; returns its outputs."""
+        `tuner.for_graph`), then capture one call; returns its outputs."""
         _check_capturable()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side), record_range("xpuruntime.graph_warmup"), handback.for_graph():
+        with torch.cuda.stream(side), record_range("xpuruntime.graph_warmup"), tuner.for_graph():
             for _ in range(self.warmup_iters):
                 fn(*args, **kwargs)
         torch.cuda.current_stream().wait_stream(side)

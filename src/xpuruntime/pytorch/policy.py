@@ -12,8 +12,8 @@ import warnings
 from .. import policy as _core
 from ..errors import PolicyError, UnknownNameError
 from ..policy import KernelPolicy, clear_kernel_policy, get_kernel_policy, kernel_policy, set_kernel_policy
-from . import native_routes
-from .overrides import refresh_overrides, scope_entered, scope_exited
+from . import compiled, native
+from .install import refresh_overrides, scope_entered, scope_exited
 
 __all__ = ["KernelPolicy", "clear_kernel_policy", "get_kernel_policy", "kernel_policy", "set_kernel_policy"]
 
@@ -29,7 +29,8 @@ class _OverrideInstaller:
             UnknownNameError,
         ) as exc:  # a malformed environment policy: every xrt call raises it already
             warnings.warn(f"aten overrides left as they were: {exc}", RuntimeWarning, stacklevel=3)
-        native_routes.reset()  # decisions learned under the old policy no longer hold
+        native.reset()  # decisions learned under the old policy no longer hold
+        compiled.watch_inductor()  # a graph pass set over ours since is chained again
 
     def scope_entered(self, policy: KernelPolicy) -> None:
         scope_entered(policy)

@@ -19,6 +19,7 @@ import os
 import secrets
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 from ..errors import FileError
 from ..files import NOFOLLOW, read_bytes
@@ -101,33 +102,59 @@ class CacheFolder:
             with contextlib.suppress(OSError):
                 os.fsync(fd)  # the rename itself reaches the disk
 
+    def files(self, parts: Sequence[str] = (), suffixes: tuple[str, ...] = ("",), depth: int = 1) -> list:
+        """(path components below `parts`, lstat result) of each regular file ending in one of `suffixes` in the
+        folder `parts` and its subfolders down to `depth` levels; no link is followed, none is listed."""
+        try:
+            with self.folder(parts) as fd:
+                return [(below, info) for _, below, info in _regular_files(fd, depth) if below[-1].endswith(suffixes)]
+        except (FileNotFoundError, FileError):
+            return []
+
+    def remove(self, parts: Sequence[str]) -> bool:
+        """Delete the file `parts` (a link itself, never what it points to); False when it was not there."""
+        *folders, name = parts
+        _check_name(name)
+        try:
+            with self.folder(folders) as fd:
+                os.unlink(name, dir_fd=fd)
+            return True
+        except (FileNotFoundError, FileError):
+            return False
+
     def remove_files(self, parts: Sequence[str] = (), suffixes: tuple[str, ...] = (), depth: int = 1) -> int:
         """Delete the regular files ending in one of `suffixes` (and stray temporary files) in the folder
         `parts` and its subfolders down to `depth` levels; links and special files are left alone, and no
         link is followed. Returns how many were deleted."""
+        removed = 0
         try:
             with self.folder(parts) as fd:
-                return _remove_files(fd, (*suffixes, TEMPORARY_SUFFIX), depth)
+                for folder_fd, below, _ in _regular_files(fd, depth):
+                    if below[-1].endswith((*suffixes, TEMPORARY_SUFFIX)):
+                        with contextlib.suppress(OSError):  # a link swapped in meanwhile: the link goes, not its target
+                            os.unlink(below[-1], dir_fd=folder_fd)
+                            removed += 1
         except (FileNotFoundError, FileError):
-            return 0
+            pass
+        return removed
 
 
-def _remove_files(fd: int, suffixes: tuple[str, ...], depth: int) -> int:
-    removed = 0
-    for entry in os.scandir(fd):
-        try:
-            if entry.is_dir(follow_symlinks=False) and depth > 0:
-                inner = os.open(entry.name, _DIR_FLAGS | NOFOLLOW, dir_fd=fd)
-                try:
-                    removed += _remove_files(inner, suffixes, depth - 1)
-                finally:
-                    os.close(inner)
-            elif entry.is_file(follow_symlinks=False) and entry.name.endswith(suffixes):
-                os.unlink(entry.name, dir_fd=fd)  # a link swapped in meanwhile: the link goes, never its target
-                removed += 1
-        except OSError:  # changed under us (another process): leave it
-            continue
-    return removed
+def _regular_files(fd: int, depth: int, below: tuple[str, ...] = ()) -> Iterator[tuple[int, tuple[str, ...], Any]]:
+    """(descriptor of its folder, path components, lstat) of each regular file in the folder `fd` and its
+    subfolders down to `depth` levels, each subfolder opened without following links."""
+    with os.scandir(fd) as found:
+        for entry in found:
+            try:
+                if entry.is_dir(follow_symlinks=False) and depth > 0:
+                    inner = os.open(entry.name, _DIR_FLAGS | NOFOLLOW, dir_fd=fd)
+                    try:
+                        yield from _regular_files(inner, depth - 1, (*below, entry.name))
+                    finally:
+                        os.close(inner)
+                elif entry.is_file(follow_symlinks=False):
+                    yield fd, (*below, entry.name), entry.stat(follow_symlinks=False)
+            except OSError:  # changed under us (another process): skip it
+                continue
 
 
 def _check_name(name: str) -> None:

@@ -36,6 +36,7 @@ import os
 import threading
 import warnings
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -218,6 +219,27 @@ class TuningCache:
             return None
         return entry["value"]
 
+    def _entry(self, below: tuple[str, ...], info: os.stat_result) -> Entry:
+        """The entry file at `below` (op folder, file name) as `xpuruntime cache list` shows it."""
+        path = self.directory.joinpath(*below)
+        try:
+            raw = self._files.read((*self._prefix, *below), "tuning cache file", limit=MAX_ENTRY_BYTES)
+            entry = json.loads((raw or b"").decode())
+            key = json.loads(entry["key"])
+            value = entry["value"]
+            if not isinstance(key, dict) or not isinstance(value, dict):
+                raise ValueError("no key or value object")
+        except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
+            return Entry(path, below[0], None, None, info.st_size, info.st_mtime, f"corrupt ({exc})")
+        problem = None
+        if entry.get("format") != FORMAT:
+            problem = f"format {entry.get('format')}, not {FORMAT}"
+        else:
+            changed = [f"{name} {was} -> {library_version(name)}" for name, was in (key.get("versions") or {}).items()
+                       if library_version(name) != was]  # fmt: skip
+            problem = f"stale: {', '.join(changed)}" if changed else None
+        return Entry(path, str(key.get("op", below[0])), key, value, info.st_size, info.st_mtime, problem)
+
     def _warn(self, path: Path, what: str) -> None:
         _warn_once(str(path), f"tuning cache file {path} {what}; ignoring it", stacklevel=5)
 
@@ -271,3 +293,47 @@ def put(key: str | Mapping[str, Any], value: Mapping[str, Any]) -> None:
 def get_or_tune(key: str | Mapping[str, Any], tune: Callable[[], Mapping[str, Any]]) -> dict:
     """The cached value for `key`, or `tune()`'s result, stored."""
     return default_cache().get_or_tune(key, tune)
+
+
+# -- what is cached (for `xpuruntime cache`) -------------------------------------------------------------------
+@dataclass(frozen=True)
+class Entry:
+    """One file of the cache as `xpuruntime cache list` shows it: what was tuned (`kind`: the op or the tuned
+    kernel), its key and value, and why it would be ignored (`problem`: corrupt, another format, or written
+    under other versions of the libraries the timing depends on), or None when it is in use."""
+
+    path: Path
+    kind: str
+    key: dict | None
+    value: dict | None
+    size: int
+    modified: float
+    problem: str | None
+
+
+def entries(directory: str | os.PathLike | None = None) -> list[Entry]:
+    """Every entry file under the tuning folder (default: the process's), sorted by kind then path; read
+    through the cache folder's rules (no link followed, regular files only, at most MAX_ENTRY_BYTES each)."""
+    cache = TuningCache(directory) if directory is not None else default_cache()
+    if cache._files is None:
+        return []
+    found = [
+        cache._entry(below, info) for below, info in cache._files.files(cache._prefix, (".json",)) if len(below) == 2
+    ]
+    return sorted(found, key=lambda e: (e.kind, str(e.path)))
+
+
+def remove(chosen: Iterable[Entry], directory: str | os.PathLike | None = None) -> int:
+    """Delete these entries' files (under `directory`, default the process's tuning folder), never through a
+    link; returns the bytes freed. Files already gone are skipped."""
+    cache = TuningCache(directory) if directory is not None else default_cache()
+    freed = 0
+    for entry in chosen:
+        if cache._files is not None and cache.directory is not None:
+            below = entry.path.relative_to(cache.directory).parts
+            if cache._files.remove((*cache._prefix, *below)):
+                freed += entry.size
+    with _default_lock:
+        if _default is not None:
+            _default.clear(memory_only=True)
+    return freed

@@ -9,14 +9,15 @@ import dataclasses
 import numpy as np
 import pytest
 
+import xpuruntime as xrt
+from xpuruntime.abi import ArgPack, LaunchConfig
+from xpuruntime.context import build_context
+from xpuruntime.policy import KernelPolicy
+from xpuruntime.registry import default_registry
+
 torch = pytest.importorskip("torch")
 
-import xpuruntime as xrt  # noqa: E402
-from xpuruntime.abi import ArgPack, LaunchConfig  # noqa: E402
-from xpuruntime.context import build_context  # noqa: E402
 from xpuruntime.dispatch import run  # noqa: E402
-from xpuruntime.policy import KernelPolicy  # noqa: E402
-from xpuruntime.registry import default_registry  # noqa: E402
 
 OPS = ("matmul", "linear", "linear_grad_input", "linear_grad_weight", "layer_norm", "rms_norm", "softmax", "sum")
 
@@ -109,3 +110,18 @@ def test_torch_kernels_through_the_dispatcher_on_gpu(op):
         got = run(op, cuda_inputs, attrs)
     assert got.is_cuda
     np.testing.assert_allclose(got.double().cpu().numpy(), reference(op, inputs, attrs), rtol=1e-5, atol=1e-5)
+
+
+def test_torch_linear_grad_input_with_a_vector_dy_writes_a_strided_out() -> None:
+    """torch.matmul(vector, matrix, out=) resizes `out` (its strides too) instead of writing it."""
+    registry = default_registry()
+    dy, weight = torch.randn(3, dtype=torch.float64), torch.randn(3, 7, dtype=torch.float64)
+    ctx = build_context(registry.op("linear_grad_input"), (dy, weight, None), (None,), None, KernelPolicy())
+    ctx = dataclasses.replace(ctx, device="cuda:0")
+    wide = torch.full((14,), float("nan"), dtype=torch.float64)
+    out = wide[::2]
+    registry.kernel("linear_grad_input", "torch").launch(
+        ArgPack((dy, weight, None), out, dict(ctx.attrs), LaunchConfig())
+    )
+    np.testing.assert_allclose(wide[::2].numpy(), dy.numpy() @ weight.numpy(), rtol=1e-12)
+    assert torch.isnan(wide[1::2]).all() and out.stride() == (2,)

@@ -7,7 +7,16 @@ import json
 
 import numpy as np
 import pytest
-from triton_harness import INTERPRET, ON_GPU, assert_close, f64, kernel_test, make, rerun_under_interpreter, torch
+from triton_harness import (
+    INTERPRET,
+    ON_GPU,
+    assert_close,
+    f64,
+    kernel_test,
+    make,
+    rerun_under_interpreter,
+    torch,
+)  # fmt: skip
 
 import xpuruntime as xrt
 from xpuruntime.errors import DeviceMismatchError, KernelFallbackWarning, UnsupportedByPolicyError
@@ -177,3 +186,16 @@ def test_launch_key_inlines_tensors_and_ints_like_spec() -> None:
             True, "s")  # fmt: skip
     assert _specs(args) == tuple(map(_spec, args))
     assert _specs((base[1:],))[0][1] is False and _specs((48,)) == ((False, True, True),)
+
+
+@pytest.mark.parametrize(
+    "stored", [None, {}, {"config": "128x128"}, {"config": [999, 999, 64, 8, 3, 1]}, {"config": [1, 2, 3]}, "config"]
+)
+def test_triton_matmul_retunes_a_cached_winner_that_is_not_a_candidate(stored) -> None:
+    """A tuning-cache entry that is not one of the candidate configs (hand-edited, foreign) is a miss."""
+    from xpuruntime.backends.triton.matmul import _stored_winner, candidates
+
+    a, b = torch.empty((1, 256, 64), dtype=torch.float16), torch.empty((1, 64, 256), dtype=torch.float16)
+    assert _stored_winner(stored, a, b, splitk=False) is None
+    winner = (*candidates(256, 256, 2)[0], 1)
+    assert _stored_winner({"config": list(winner)}, a, b, splitk=False) == winner

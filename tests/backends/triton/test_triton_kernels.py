@@ -1,6 +1,8 @@
 """The Triton kernels against float64 references, through the dispatcher with the policy naming them.
 
-Random inputs, odd sizes, broadcast, strided and offset views, 0-size dims, outputs poisoned with NaN.
+Random inputs, odd sizes, broadcast, strided and offset views, 0-size dims, outputs poisoned with NaN, offsets
+past 2**31 (reached without 4 GiB of data: a tiny view with one huge stride over an uninitialized buffer,
+of which the OS backs only the pages touched).
 On a GPU the shapes are full size; without one this module reruns itself under TRITON_INTERPRET=1.
 """
 
@@ -13,6 +15,7 @@ from triton_harness import (
     INTERPRET,
     ON_GPU,
     POLICY_ALL,
+    TORCH_DTYPES,
     assert_close,
     f64,
     kernel_test,
@@ -460,3 +463,129 @@ if INTERPRET:
         with strict(fused_elementwise="triton"):
             fused_elementwise(program, *inputs, out=out)
         assert_close(out, ref, "float32")
+
+
+HUGE = 2**30 + 16  # a stride that fits in 32 bits; twice it does not
+
+
+def huge_view(shape: tuple[int, ...], strides: tuple[int, ...], dtype: str, values: np.ndarray | None) -> object:
+    """A (tiny) view with huge strides (in elements) over a buffer reaching past 2**31 elements, set to
+    `values` (NaN when None)."""
+    reach = sum((n - 1) * s for n, s in zip(shape, strides)) + 1
+    fill = np.full(shape, np.nan) if values is None else values
+    try:
+        if ON_GPU:
+            view = torch.empty(reach, dtype=TORCH_DTYPES[dtype], device="cuda").as_strided(shape, strides)
+            view.copy_(torch.as_tensor(fill, dtype=TORCH_DTYPES[dtype]))
+            return view
+        buffer = np.empty(reach, np.dtype(dtype))
+    except (MemoryError, RuntimeError):
+        pytest.skip(f"cannot reserve {reach} elements of address space")
+    itemsize = np.dtype(dtype).itemsize
+    view = np.lib.stride_tricks.as_strided(buffer, shape, tuple(s * itemsize for s in strides))
+    view[...] = fill
+    return view
+
+
+def random(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    return rng.standard_normal(shape) + 0.5
+
+
+@kernel_test
+@pytest.mark.parametrize("where", ["x", "out"])
+def test_softmax_one_pass_offsets_past_2_31(rng, where: str) -> None:
+    """Softmax along an axis with a huge stride: one-pass rows indexed r * stride in 32 bits wrapped."""
+    data = random(rng, (3, 5))
+    ref = softmax_reference(data, 0)
+    x = huge_view((3, 5), (HUGE, 1), "float16", data) if where == "x" else make(rng, (3, 5), "float16")
+    if where == "out":
+        x[...] = torch.as_tensor(data) if ON_GPU else data
+    out = huge_view((3, 5), (HUGE, 1), "float16", None) if where == "out" else poisoned((3, 5), "float16")
+    with strict(softmax="triton"):
+        xrt.ops.softmax(x, 0, out=out)
+    assert_close(out, ref, "float16")
+
+
+@kernel_test
+@pytest.mark.parametrize("where", ["a", "b", "out"])
+def test_matmul_offsets_past_2_31(rng, where: str) -> None:
+    """a with a huge row stride, b with a huge column stride, out with a huge column stride."""
+    a_data, b_data = random(rng, (3, 16)), random(rng, (16, 3))
+    a = huge_view((3, 16), (HUGE, 1), "float16", a_data) if where == "a" else make(rng, (3, 16), "float16")
+    b = huge_view((16, 3), (1, HUGE), "float16", b_data) if where == "b" else make(rng, (16, 3), "float16")
+    if where != "a":
+        a[...] = torch.as_tensor(a_data) if ON_GPU else a_data
+    if where != "b":
+        b[...] = torch.as_tensor(b_data) if ON_GPU else b_data
+    out = huge_view((3, 3), (1, HUGE), "float16", None) if where == "out" else poisoned((3, 3), "float16")
+    with strict(matmul="triton"):
+        xrt.ops.matmul(a, b, out=out)
+    assert_close(out, matmul_reference(f64(a), f64(b)), "float16")
+
+
+@kernel_test
+@pytest.mark.parametrize(
+    ("kernel_name", "where"), [("triton_gemv", "v"), ("triton_gemv_t", "v"), ("triton_gemv", "out")]
+)
+def test_gemv_offsets_past_2_31(rng, kernel_name: str, where: str) -> None:
+    """The vector (a column of a wide matrix) or the output with a huge stride."""
+    w = make(rng, (3, 5), "float16", shift=0.5)
+    v = huge_view((5,), (HUGE,), "float16", random(rng, (5,))) if where == "v" else make(rng, (5,), "float16")
+    args = (w, v) if kernel_name == "triton_gemv" else (v, w.T)
+    ref = matmul_reference(*(f64(t) for t in args))
+    out = huge_view((3,), (HUGE,), "float16", None) if where == "out" else poisoned((3,), "float16")
+    with strict(matmul=kernel_name):
+        xrt.ops.matmul(*args, out=out)
+    assert_close(out, ref, "float16")
+
+
+@kernel_test
+def test_sum_output_offsets_past_2_31(rng) -> None:
+    x = make(rng, (3, 4), "float32", shift=0.5)
+    out = huge_view((4,), (HUGE,), "float32", None)
+    with strict(sum="triton"):
+        xrt.ops.sum(x, 0, False, out=out)
+    assert_close(out, sum_reference(f64(x), 0, False), "float32")
+
+
+@kernel_test
+def test_norm_offsets_past_2_31(rng) -> None:
+    """Rows whose normalized dim has a huge stride (a transposed view): cols * stride wrapped."""
+    data, dy = random(rng, (2, 3)), make(rng, (2, 3), "float32")
+    x = huge_view((2, 3), (1, HUGE), "float32", data)
+    w, b = make(rng, (3,), "float32"), make(rng, (3,), "float32")
+    out = poisoned((2, 3), "float32")
+    packed = poisoned((3, 3), "float32")
+    with strict(layer_norm="triton", rms_norm_backward="triton"):
+        xrt.ops.layer_norm(x, (3,), w, b, out=out)
+        xrt.ops.rms_norm_backward(dy, x, (3,), w, 1e-6, out=packed)
+    assert_close(out, layer_norm_reference(data, (3,), f64(w), f64(b)), "float32")
+    assert_close(packed, rms_norm_backward_reference(f64(dy), data, (3,), f64(w), 1e-6), "float32")
+
+
+@kernel_test
+@pytest.mark.parametrize("op", ["layer_norm_backward", "rms_norm_backward"])
+def test_norm_backward_into_a_column_of_a_wider_buffer(rng, op: str) -> None:
+    """normalized_shape (1,): the packed (M + k, 1) output as a column of a wider array. dweight/dbias went
+    to the column stride instead of the row stride (outside the view; dbias left unwritten)."""
+    m = 5
+    x, dy, w = make(rng, (m, 1), "float32", shift=0.5), make(rng, (m, 1), "float32"), make(rng, (1,), "float32")
+    reference = layer_norm_backward_reference if op == "layer_norm_backward" else rms_norm_backward_reference
+    ref = reference(f64(dy), f64(x), (1,), f64(w), 1e-5)
+    wide = poisoned((ref.shape[0], 7), "float32")
+    with strict(**{op: "triton"}):
+        getattr(xrt.ops, op)(dy, x, (1,), w, 1e-5, out=wide[:, 3:4])
+    assert_close(wide[:, 3:4], ref, "float32", tol=1e-4)  # dx is 0 up to x - mean's rounding times rstd ~ 316
+    others = f64(wide)[:, [0, 1, 2, 4, 5, 6]]
+    assert np.isnan(others).all(), "wrote outside the out= view"
+
+
+@kernel_test
+def test_triton_fused_programs_differing_in_a_zero_constants_sign(rng) -> None:
+    """-0.0 == 0.0 as dict keys: x / -0.0 after x / 0.0 reused the first program's kernel (+inf, not -inf)."""
+    x = make(rng, (6,), "float32", shift=3.0)
+    for zero in (0.0, -0.0):
+        with strict(fused_elementwise="triton"):
+            got = xrt.ops.fused_elementwise((("div", ("in", 0), ("c", zero)),), x)
+        with np.errstate(divide="ignore"):
+            np.testing.assert_array_equal(f64(got), (f64(x) / zero).astype(np.float32))

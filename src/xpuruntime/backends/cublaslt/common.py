@@ -27,6 +27,7 @@ from typing import Any
 
 from ...abi import LaunchConfig, MathMode, TensorSpec
 from ...context import DispatchContext
+from ...install import pip_hint
 from ...runtime.workspace import WorkspaceManager
 
 DTYPES = frozenset({"float16", "bfloat16", "float32"})
@@ -48,7 +49,7 @@ def probe() -> str | None:
     try:
         import nvmath  # noqa: F401
     except ImportError as exc:
-        return f"nvmath-python is not installed ({exc}); pip install nvmath-python"
+        return f"nvmath-python is not installed ({exc}); {pip_hint('cuda')}"
     except Exception as exc:  # present but its CUDA libraries fail to load
         return f"nvmath-python failed to import: {exc!r}"
     if not torch.cuda.is_available():

@@ -44,11 +44,11 @@ Copies (beyond what the aten ops do themselves):
   call: at bf16 B4 H16 S2048 D128 it moved 3 x 32 MB each way, about 60 us.
 Measured on an H100 (PyTorch 2.11, B4 H16 S2048 fwd+bwd): the GPU kernels of this pair and of PyTorch's
 SDPA-cuDNN with autograd are the same cuDNN kernels to 0.5 % (904 vs 909 us at D128; the 1.8 us lse copy
-the only extra one: `benchmarks/cudnn_pair_trace.py`). Timed per call from a cold L2 with the host
-latency before the first launch hidden (`xpuruntime bench`'s device timer, session 8), the pair under
+the only extra one: `benchmarks/probes/cudnn_pair_trace.py`). Timed per call from a cold L2 with the host
+latency before the first launch hidden (`xpuruntime bench`'s device timer), the pair under
 autotune is within 0.3-0.8 % of SDPA's time at every S2048 row. Under do_bench it read 3-8 % slower: that
 latency (about 0.2-0.3 ms of Python per fwd+bwd enqueue, as much as SDPA's autograd path) counts there
-whenever it outlasts the L2 flush (`benchmarks/attention_pair_host.py`).
+whenever it outlasts the L2 flush (`benchmarks/probes/attention_pair_host.py`).
 """
 
 from __future__ import annotations

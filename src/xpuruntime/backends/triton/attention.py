@@ -113,7 +113,7 @@ def tuned_forward_config(
     candidates = flash.FWD_CANDIDATES.get((flash.block_d(D), causal))
     if INTERPRET or candidates is None or not q.is_cuda or default not in candidates:
         return default
-    from ...autotune import TIMING, cuda_sampler, median_us
+    from ...autotune import TIMING, cuda_sampler, median_us, report
     from ...runtime import tuning_cache
 
     B, H, L, _ = q.shape
@@ -128,6 +128,7 @@ def tuned_forward_config(
                            source=source, head_dim=D, causal=causal, group=group, timing=TIMING)  # fmt: skip
     stored = tuning_cache.get(key)
     chosen = next((c for c in candidates if stored and str(c) == stored.get("config")), None)
+    times_us, source = (stored or {}).get("times_us"), "from the tuning cache"
     if chosen is None:
         measure = cuda_sampler(str(q.device), torch.cuda.current_stream(q.device), host_bound=True)
         times = {}
@@ -139,7 +140,10 @@ def tuned_forward_config(
             except Exception:  # a candidate that does not compile here (shared memory) just loses
                 continue
         chosen = min(times, key=times.__getitem__) if times else default
-        tuning_cache.put(key, {"config": str(chosen), "times_us": {str(c): t for c, t in times.items()}})
+        times_us, source = {str(c): t for c, t in times.items()}, "timed"
+        tuning_cache.put(key, {"config": str(chosen), "times_us": times_us})
+    causal_text = " causal" if causal else ""
+    report(f"flash_v2 forward blocks {q.dtype} B*H={B * H} L={L} S={S} D={D}{causal_text}", chosen, times_us, source)
     _TUNED[memo] = chosen
     return chosen
 

@@ -258,7 +258,7 @@ def _ref(ref: tuple) -> str:
         return f"t{value}"
     value = float(value)
     if value == 0.0 and math.copysign(1.0, value) < 0.0:
-        return "neg_zero"  # a launch argument: Triton 3.6 compiles a -0.0 literal as +0.0 (H100, session 11)
+        return "neg_zero"  # a launch argument: Triton 3.6 compiles a -0.0 literal as +0.0 (seen on the H100)
     return repr(value) if math.isfinite(value) else f'float("{value}")'
 
 

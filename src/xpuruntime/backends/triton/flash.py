@@ -635,7 +635,7 @@ BWD_CONFIGS: dict[tuple[int, bool], BwdConfig] = {
     (256, True): BwdConfig(FwdConfig(16, 32, 8, 1), FwdConfig(32, 16, 8, 1)),
 }
 # Forward candidates timed once per shape bucket on first use (the table's entry first), by device time from a
-# cold L2 (benchmarks/flash_fwd_sweep.py): on the H100 at D128 non-causal, 64x64/w4/s3 with TMA loads wins at
+# cold L2 (benchmarks/probes/flash_fwd_sweep.py): on the H100 at D128 non-causal, 64x64/w4/s3 with TMA loads wins at
 # S1024-S2048 (491 TFLOP/s at S2048, 1.45x PyTorch's flash; 2 CTAs per SM at 138 registers) and
 # 128x128/w8/s3 at S4096-S8192. Warp specialization changed nothing there with Triton 3.6.
 _TMA_64 = FwdConfig(64, 64, 4, 3, tma=True)

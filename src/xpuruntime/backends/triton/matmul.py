@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from ...abi import ArgPack, LaunchConfig, MathMode
+from ...autotune import report
 from ...context import DispatchContext
 from ...registry import kernel
 from .common import FLOAT_DTYPES, INTERPRET, MAX_GRID_Y, as_torch, launch, no_negative_strides, sm_count, workspace_f32
@@ -199,11 +200,13 @@ def _tuned(p: dict, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, splitk: b
         from ...runtime import tuning_cache
 
         disk_key = _disk_key(p, a, b, splitk)
-        found = _stored_winner(tuning_cache.get(disk_key), a, b, splitk)
+        found, source = _stored_winner(tuning_cache.get(disk_key), a, b, splitk), "from the tuning cache"
         if found is None:
-            found = _search(p, a, b, c, splitk)
+            found, source = _search(p, a, b, c, splitk), "timed"
             tuning_cache.put(disk_key, {"config": list(found)})
         _WINNERS[mem_key] = found
+        what = f"triton matmul tiles {p['key'][0]} {a.shape[0]}x{a.shape[1]}x{b.shape[2]}x{a.shape[2]}"
+        report(f"{what}{' split-K' if splitk else ''}", f"BM,BN,BK,warps,stages,split = {found}", None, source)
     return found
 
 

@@ -1,0 +1,246 @@
+"""How a routed call reaches the xpuruntime dispatcher, and when it goes back to PyTorch.
+
+A route hands a call to the dispatcher only when the policy in force here steers the op. A call the
+op cannot describe (a dtype mix, a shape outside its semantics) or that no registered kernel can run
+goes back to PyTorch's kernel; strict policies still raise. Calls made while the dispatcher is
+already running a kernel (a `torch_*` kernel calling back into aten) go to PyTorch directly.
+
+Also here: a policy extended to its ops' companions (`family_policy`, see `families`), and the values the
+routes derive once from the op schemas (`memoized`, `attrs_for`, `inputs_for`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Callable, Hashable, Iterator, Mapping
+from typing import Any
+
+from .. import arguments
+from .. import policy as core_policy
+from ..dispatch import LAUNCHING, default_dispatcher
+from ..errors import (
+    ArgumentError,
+    DeviceMismatchError,
+    DTypeError,
+    KernelFallbackWarning,
+    LayoutError,
+    NoKernelError,
+    ShapeError,
+    UnsupportedByPolicyError,
+)
+from ..policy import AUTOTUNE, KernelPolicy, current_policy
+from . import native, tuner
+from .families import FAMILIES, FRONT_END_OPS, all_preferences, rebuilt
+from .state import STATE
+
+NOT_OURS = (ArgumentError, DeviceMismatchError, DTypeError, LayoutError, ShapeError)
+_router = STATE.router
+_MAX_CACHED = 1024
+
+
+def use_dispatcher(dispatcher: Any = None) -> None:
+    """Route through `dispatcher` (None: the process-wide one, made on first use)."""
+    _router.dispatcher = dispatcher
+    _router.run = None if dispatcher is None else dispatcher.run
+    _router.memo = {}
+    if dispatcher is not None:
+        native.watch_registry(dispatcher.registry)
+    native.reset()  # decisions made with the previous dispatcher
+
+
+def get_dispatcher() -> Any:
+    if _router.dispatcher is None:
+        use_dispatcher(default_dispatcher())
+    return _router.dispatcher
+
+
+# -- which ops a policy steers ------------------------------------------------------------------------
+
+
+def routed_ops(policy: Any) -> frozenset[str]:
+    """The ops a policy asks to steer: those it names a kernel for or autotunes (with their companions),
+    minus those autotune handed back to PyTorch (see `tuner`)."""
+    ops = _router.routed.get(policy.fingerprint)
+    if ops is None:
+        names = set(policy.preferences) | set(getattr(policy, "autotune_ops", ()))
+        names.update(*(FAMILIES.get(op, ()) for op in list(names)))
+        if getattr(policy, "autotune", False):
+            names |= FRONT_END_OPS
+        returned = STATE.tuner.returned
+        if returned:
+            names -= returned.get(tuner.steering(policy), frozenset())
+        if len(_router.routed) > _MAX_CACHED:
+            _router.routed.clear()
+        ops = _router.routed[policy.fingerprint] = frozenset(names)
+    return ops
+
+
+def nested() -> bool:
+    """True while a kernel the dispatcher chose runs on this thread: its framework calls go to the framework."""
+    return LAUNCHING.depth > 0
+
+
+def wants(op: str) -> bool:
+    """True when this thread's policy steers `op` and no kernel the dispatcher chose is running here."""
+    return not nested() and op in routed_ops(current_policy())
+
+
+def family_policy(policy: KernelPolicy) -> KernelPolicy:
+    """`policy` with each named op's kernel name extended to its companions (cached per policy)."""
+    registry = get_dispatcher().registry
+    key = (policy.fingerprint, id(registry), registry.generation)
+    derived = _router.family.get(key)
+    if derived is None:
+        prefs = all_preferences(policy)
+        for head, members in FAMILIES.items():
+            name = prefs.get(head)
+            for member in members:
+                known = name == AUTOTUNE or name in registry.kernels.get(member, {})
+                if name is not None and member not in prefs and known:
+                    prefs[member] = name
+        derived = policy
+        if len(prefs) != len(policy.preferences) + len(policy.autotune_ops):
+            derived = rebuilt(policy, prefs)
+        if len(_router.family) > _MAX_CACHED:
+            _router.family.clear()
+        _router.family[key] = derived
+    return derived
+
+
+def without(policy: KernelPolicy, ops: tuple[str, ...], user: KernelPolicy) -> KernelPolicy:
+    """`policy` minus the companion preferences it added for `ops` (the user's own names stay)."""
+    added = [op for op in ops if op in policy.preferences and op not in user.preferences]
+    if not added:
+        return policy
+    return rebuilt(policy, {op: k for op, k in all_preferences(policy).items() if op not in added})
+
+
+@contextlib.contextmanager
+def using(policy: KernelPolicy) -> Iterator[None]:
+    """Run the block under `policy` (no scope is entered when it is already the one in force)."""
+    if policy is current_policy():
+        yield
+        return
+    with core_policy.kernel_policy(policy):
+        yield
+
+
+# -- dispatching --------------------------------------------------------------------------------------
+
+
+def dispatch(
+    op: str, inputs: tuple, attrs: tuple = (), warn: bool = True, policy: Any = None, routed: bool = True
+) -> Any:
+    """Run `op` through the dispatcher under `policy` (None: the one in force); None means 'let PyTorch
+    run it' (see the module docstring). warn=False: the caller has another route to try, whose own
+    fallback warns. routed=False: a compiled graph's call, which costs none of a route's host time (autotune
+    weighs the routing cost for routed calls only, see `tuner.routed_view`)."""
+    run = _router.run or get_dispatcher().run
+    if STATE.tuner.families:
+        tuner.note_call(op)
+    policy = policy or current_policy()
+    try:
+        return run(op, inputs, attrs, None, tuner.routed_view(policy) if routed else policy)
+    except NOT_OURS:
+        return None
+    except UnsupportedByPolicyError:
+        raise
+    except NoKernelError as exc:
+        if warn:
+            warn_no_kernel(op, str(exc).splitlines()[0], policy)
+        return None
+
+
+def fell_back(op: str, inputs: tuple, attrs: tuple, policy: KernelPolicy) -> bool:
+    """Whether the cached plan of an earlier call chose a fallback (its preferred kernel could not run).
+    No plan key is built unless some plan of `op` under `policy` fell back (rare)."""
+    dispatcher = get_dispatcher()
+    policy = tuner.routed_view(policy)  # the policy the forward was dispatched under
+    if (op, policy.fingerprint) not in dispatcher.fallbacks:
+        return False
+    try:
+        plan = dispatcher.plans.get(arguments.plan_key(op, policy.fingerprint, attrs, inputs, None))
+    except Exception:  # an argument the fast key cannot describe: no cached plan to ask
+        return False
+    return plan is not None and plan.reason == "fallback"
+
+
+# kernels whose launch for the routes' calls (mm, bmm; addmm as linear with a bias and no activation)
+# is exactly the aten op's own kernel
+PYTORCH_OWN_KERNELS = {"matmul": "torch", "linear": "torch"}
+
+
+def torch_kernel_ran(op: str, inputs: tuple, policy: Any = None, **attrs: Any) -> str | None:
+    """The name of the torch-backend kernel that the plan which just ran `op` on `inputs` (under `policy`,
+    None: the one in force) launches and nothing else (no sync, no workspace); "" for any other plan,
+    None when there is no plan to ask."""
+    try:
+        policy = tuner.routed_view(policy or current_policy())
+        plan = get_dispatcher().plan(op, *inputs, policy=policy, **attrs)
+    except Exception:  # the call ran, so this is not expected; just learn nothing
+        return None
+    plain_launch = plan.kernel.backend == "torch" and plan.finish is None and not plan.workspace_bytes
+    return plan.kernel.name if plain_launch else ""
+
+
+def runs_pytorch_kernel(op: str, inputs: tuple, policy: Any = None) -> bool | None:
+    """Whether the plan that just ran `op` on `inputs` runs PyTorch's own kernel and nothing else; None
+    when there is no plan to ask (see `torch_kernel_ran`)."""
+    name = torch_kernel_ran(op, inputs, policy)
+    return None if name is None else name == PYTORCH_OWN_KERNELS.get(op)
+
+
+def warn_no_kernel(op: str, why: str, policy: Any, where: str = "running PyTorch's kernel instead") -> None:
+    """One warning per op and preferred kernel when PyTorch's kernel runs instead of the policy's."""
+    preferred = policy.preferences.get(op)
+    if preferred is None or (op, preferred) in _router.warned:
+        return  # an op the policy does not name (e.g. a backward op) just keeps PyTorch's kernel
+    _router.warned.add((op, preferred))
+    warnings.warn(f"{why}; {where}", KernelFallbackWarning, stacklevel=4)
+
+
+# -- values fixed by the op schemas ---------------------------------------------------------------------
+
+_MAX_MEMO = 4096
+_MISSING = object()
+
+
+def memoized(key: Hashable, make: Callable[[], Any]) -> Any:
+    """`make()`, made once per dispatcher and `key`: for values fixed by the op schemas (a registered op's
+    schema never changes), such as attribute tuples and input orders."""
+    value = _router.memo.get(key, _MISSING)
+    if value is _MISSING:
+        value = make()
+        if len(_router.memo) >= _MAX_MEMO:
+            _router.memo.clear()
+        _router.memo[key] = value  # _router.memo: `make` may have chosen the dispatcher (a new memo)
+    return value
+
+
+def has_op(op: str) -> bool:
+    return op in get_dispatcher().registry.ops
+
+
+def attrs_for(op: str, values: Mapping[str, Any]) -> tuple:
+    """The op's attributes in schema order from `values`, defaults for the rest."""
+    schema = get_dispatcher().registry.op(op)
+    return tuple(values[name] if name in values else schema.defaults.get(name) for name in schema.attrs)
+
+
+def inputs_for(op: str, values: Mapping[str, Any], aliases: Mapping[str, str]) -> tuple | None:
+    """The op's inputs in schema order, found by name (through `aliases`, a module constant); None if a
+    required one is missing."""
+    inputs = []
+    for name, required in memoized(("inputs", op, id(aliases)), lambda: input_names(op, aliases)):
+        value = values.get(name)
+        if value is None and required:
+            return None
+        inputs.append(value)
+    return tuple(inputs)
+
+
+def input_names(op: str, aliases: Mapping[str, str]) -> tuple[tuple[str, bool], ...]:
+    """(name as the routes supply it, required?) for each of the op's inputs, in schema order."""
+    schema = get_dispatcher().registry.op(op)
+    return tuple((aliases.get(name, name), name not in schema.optional) for name in schema.inputs)
