@@ -19,7 +19,7 @@ from xpuruntime.dispatch import Dispatcher  # noqa: E402
 from xpuruntime.onnx import InferenceSession, SessionOptions, UnsupportedModelError  # noqa: E402
 from xpuruntime.onnx.backend import claims  # noqa: E402
 from xpuruntime.onnx.builtin import encoder_inputs, encoder_model  # noqa: E402
-from xpuruntime.onnx.gpu import GpuRunner  # noqa: E402
+from xpuruntime.onnx.runners import gpu_runner_factory  # noqa: E402
 from xpuruntime.registry import Registry, default_registry  # noqa: E402
 
 with warnings.catch_warnings():
@@ -37,9 +37,7 @@ def no_kernels() -> Dispatcher:
 
 def torch_session(model: object, level: str, dispatcher: Dispatcher) -> InferenceSession:
     options = SessionOptions(graph_optimization_level=level, enable_cuda_graph=False)
-    session = InferenceSession(model, options, dispatcher=dispatcher)
-    session._backend = GpuRunner(session, torch_device="cpu")
-    return session
+    return InferenceSession(model, options, dispatcher=dispatcher, runner=gpu_runner_factory("cpu"))
 
 
 def _array(x: object) -> np.ndarray:

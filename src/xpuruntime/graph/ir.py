@@ -118,13 +118,19 @@ class Graph:
         """The initializer's array, or None if `name` is not a constant."""
         return self.initializers.get(name)
 
-    def fresh_name(self, hint: str) -> str:
-        """A value or node name not used anywhere in the graph yet."""
-        taken = self._names()
+    def fresh_name(self, hint: str, taken: set[str] | None = None) -> str:
+        """A value or node name not used anywhere in the graph yet. A pass that makes many names passes the set
+        of `taken_names()` it got once (the new name is added to it), so that each name costs O(1)."""
+        taken = self.taken_names() if taken is None else taken
         while True:
             candidate = f"{hint}__{next(self._counter)}"
             if candidate not in taken:
+                taken.add(candidate)
                 return candidate
+
+    def taken_names(self) -> set[str]:
+        """Every value and node name in the graph, now."""
+        return self._names()
 
     def _names(self) -> set[str]:
         names = set(self.initializers) | {v.name for v in (*self.inputs, *self.outputs)}

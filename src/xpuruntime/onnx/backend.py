@@ -9,7 +9,7 @@ import onnx
 from onnx.backend.base import Backend, BackendRep
 
 from .importer import SUPPORTED_DTYPES
-from .opmap import SUPPORTED
+from .ops import SUPPORTED
 from .options import GraphOptimizationLevel, SessionOptions
 from .session import InferenceSession
 

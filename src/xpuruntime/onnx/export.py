@@ -39,8 +39,11 @@ def _attr(node: Node, key: str, value: Any) -> Any:
     return value
 
 
-def to_onnx(graph: Graph, with_values: bool = True) -> onnx.ModelProto:
-    """The graph as an ONNX model (opset of the graph, plus domain 'xrt' version 1 if used)."""
+def to_onnx(graph: Graph, with_values: bool = True, typed_only_above: int | None = None) -> onnx.ModelProto:
+    """The graph as an ONNX model (opset of the graph, plus domain 'xrt' version 1 if used). Initializers of more
+    than `typed_only_above` elements are declared as typed graph inputs without their data (what shape inference
+    needs of weights: a model's gigabyte of them would be copied twice, serialized and parsed for nothing)."""
+    big = {k for k, a in graph.initializers.items() if typed_only_above is not None and a.size > typed_only_above}
     nodes = [
         helper.make_node(
             n.op,
@@ -52,10 +55,12 @@ def to_onnx(graph: Graph, with_values: bool = True) -> onnx.ModelProto:
         )
         for n in graph.nodes
     ]
-    inits = [numpy_helper.from_array(np.asarray(a), name) for name, a in graph.initializers.items()]
+    inits = [numpy_helper.from_array(np.asarray(a), name) for name, a in graph.initializers.items() if name not in big]
+    weights = [_value_info(Value(name, graph.initializers[name].dtype.name, graph.initializers[name].shape))
+               for name in big]  # fmt: skip
     value_info = [_value_info(v) for v in graph.values.values()] if with_values else []
     g = helper.make_graph(
-        nodes, graph.name, [_value_info(v) for v in graph.inputs], [_value_info(v) for v in graph.outputs],
+        nodes, graph.name, [_value_info(v) for v in graph.inputs] + weights, [_value_info(v) for v in graph.outputs],
         inits, value_info=value_info,
     )  # fmt: skip
     opsets = [helper.make_opsetid("", graph.opset)]
