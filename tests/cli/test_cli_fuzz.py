@@ -215,3 +215,23 @@ def test_every_subcommand_survives_random_arguments(tmp_path):
         assert sum(codes.values()) == EXAMPLES.get(command, DEFAULT_EXAMPLES)
     assert not report["problems"], json.dumps(report["problems"][:5], indent=1)
     print(report["counts"], report["seconds"])  # exit codes per command: 0 ran, 1 nothing to run, 2 refused
+
+
+REPRODUCERS = [  # issue 26 item 11: each was a traceback or was taken for something else
+    (["run", "--dim", "batch=²", "--iterations", "0"], {}, "--dim expected NAME=INT"),
+    (["run", "--dim", "batch=99999999999", "--iterations", "0"], {}, "needs 23.3 TiB"),
+    (["run", "--dim", "=5", "--iterations", "0"], {}, "--dim expected NAME=INT"),
+    (["run", "--dim", "n=5", "--iterations", "0"], {}, "no such symbolic dim (they have: batch, seq)"),
+    (["explain", "softmax", "--shape", "2x3", "--attr", "axis="], {}, "bad --attr 'axis='"),
+    (["run", "--iterations", "99999999999999999999"], {}, "expected an integer from 0 to 100000"),
+]
+
+
+def test_the_issue_reproducers_are_one_line_errors(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    for argv, environ, message in REPRODUCERS:
+        code, output = run_one(argv, environ)
+        assert code == 2 and message in output and "Traceback" not in output, (argv, output)
+    code, output = run_one(["info"], {"XPURUNTIME_CACHE_DIR": "~nouser/x", "COLUMNS": "300"})
+    assert code == 0 and "Traceback" not in output
+    assert "Tuning cache: unusable: XPURUNTIME_CACHE_DIR='~nouser/x': '~nouser' names no user" in output

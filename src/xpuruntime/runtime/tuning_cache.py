@@ -59,9 +59,11 @@ def cache_dir() -> Path:
     override = os.environ.get(ENV_CACHE_DIR)
     try:
         return Path(override).expanduser() if override else Path.home() / ".cache" / "xpuruntime"
-    except RuntimeError as exc:  # pathlib's "Could not determine home directory"
-        where = f"{ENV_CACHE_DIR}={override!r}" if override else "the cache folder (~/.cache/xpuruntime)"
-        raise FileError(f"{where} cannot be used: {exc}; set {ENV_CACHE_DIR} to a folder") from None
+    except RuntimeError:  # pathlib's "Could not determine home directory"
+        if override:
+            home = override.split("/", 1)[0]
+            raise FileError(f"{ENV_CACHE_DIR}={override!r}: '{home}' names no user with a home folder here") from None
+        raise FileError(f"no home folder for the cache (~/.cache/xpuruntime): set {ENV_CACHE_DIR}") from None
 
 
 @functools.cache
