@@ -49,7 +49,8 @@ from xpuruntime.runtime import capacity, tuning_cache
 SCALE = float(os.environ.get("XPURUNTIME_FUZZ_SCALE", "1"))
 
 # Ops whose contract differs from "a pure function of its inputs", by design; the error contract still holds.
-WRITTEN_INPUTS = {"attention_forward": {"lse"}}  # one output per op: lse is an input buffer the kernel fills
+# one output per op: the schema's buffers are input buffers the kernels fill
+WRITTEN_INPUTS = {op: schema.buffers for op, schema in default_registry().ops.items() if schema.buffers}
 NO_REFERENCE_CHECK = {  # the reference recomputes saved tensors that random inputs cannot be consistent with
     "attention_backward": "out and lse must come from attention_forward of the same q, k, v",
 }

@@ -148,7 +148,8 @@ def _extent(t: TensorSpec) -> tuple[int, int]:
     return t.ptr + lo, t.ptr + hi + t.itemsize
 
 
-def _overlaps(a: Any, b: Any) -> bool:
+def overlaps(a: Any, b: Any) -> bool:
+    """Whether two arrays (NumPy or torch) may touch the same memory."""
     if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
         if not np.may_share_memory(a, b):
             return False
@@ -196,18 +197,20 @@ def overlaps_itself(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
     return len(np.unique(offsets)) < len(offsets)
 
 
-def check_output_aliasing(op: str, names: tuple[str, ...], inputs: tuple, out: Any, inplace: bool) -> None:
+def check_output_aliasing(
+    op: str, names: tuple[str, ...], inputs: tuple, out: Any, inplace: bool, out_name: str = "out"
+) -> None:
     """Reject a read-only `out` and one that overlaps an input; `inplace` ops accept `out` that *is*
-    an input's view."""
+    an input's view. `out_name`: what the error calls `out` (an op's second output buffer, say)."""
     if isinstance(out, np.ndarray) and not out.flags.writeable:
-        raise ArgumentError(f"{op}: argument 'out' expected a writable array, got a read-only one")
+        raise ArgumentError(f"{op}: argument '{out_name}' expected a writable array, got a read-only one")
     for name, x in zip(names, inputs):
-        if x is None or type(x) in SCALAR_TYPES or (inplace and x is out) or not _overlaps(out, x):
+        if x is None or type(x) in SCALAR_TYPES or (inplace and x is out) or not overlaps(out, x):
             continue
         if inplace and _same_view(out, x):
             continue
         rule = "no overlap, or exactly the same view for in-place use" if inplace else "no overlap"
-        raise LayoutError(f"{op}: argument 'out' overlaps input '{name}'; expected {rule}")
+        raise LayoutError(f"{op}: argument '{out_name}' overlaps input '{name}'; expected {rule}")
 
 
 def check_out_autograd(op: str, names: tuple[str, ...], inputs: tuple, out: Any) -> None:
@@ -223,9 +226,25 @@ def check_out_autograd(op: str, names: tuple[str, ...], inputs: tuple, out: Any)
                     f"{op}: argument '{name}' requires grad, and a call with out= is not recorded by autograd (as "
                     "PyTorch's out= functions refuse it); call it under torch.no_grad(), or without out="
                 )
-    if out.is_inference() and not torch.is_inference_mode_enabled():
+    _check_inference(op, "out", out, torch)
+
+
+def check_written_tensor(op: str, name: str, x: Any) -> None:
+    """A PyTorch tensor a kernel writes besides `out` (an op's buffer): refused while grad mode is on if it
+    requires grad, and as an inference tensor outside inference mode, as PyTorch's in-place ops refuse them."""
+    torch = sys.modules["torch"]
+    if x.requires_grad and torch.is_grad_enabled():
         raise ArgumentError(
-            f"{op}: argument 'out' is an inference tensor, which may be written only inside torch.inference_mode()"
+            f"{op}: argument '{name}' requires grad, and the kernels write it without autograd recording the write; "
+            "call it under torch.no_grad(), or pass a tensor that does not require grad"
+        )
+    _check_inference(op, name, x, torch)
+
+
+def _check_inference(op: str, name: str, x: Any, torch: Any) -> None:
+    if x.is_inference() and not torch.is_inference_mode_enabled():
+        raise ArgumentError(
+            f"{op}: argument '{name}' is an inference tensor, which may be written only inside torch.inference_mode()"
         )
 
 

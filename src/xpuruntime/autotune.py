@@ -193,7 +193,7 @@ def _time_one(
         if plan.workspace_bytes
         else None
     )
-    args = ArgPack(inputs, out, plan.attrs, plan.config, workspace, stream)
+    args = ArgPack(_fresh_buffers(plan, inputs, stream), out, plan.attrs, plan.config, workspace, stream)
     plan.launch(args)  # warm-up: JIT compilation, caches
     backend.synchronize(plan.device, stream)
     if _is_cuda(plan.device):
@@ -201,6 +201,20 @@ def _time_one(
     else:
         measure = _host_sampler(backend, plan.device, stream)
     return median_us(measure, lambda: plan.launch(args))
+
+
+def _fresh_buffers(plan: Any, inputs: tuple, stream: Any) -> tuple:
+    """The call's inputs with a fresh array for each buffer the kernels write (schema.buffers): the timing
+    launches must not write the caller's, which may be an input itself (add_rms_norm's in-place residual)."""
+    buffers = plan.schema.buffers
+    if not buffers:
+        return inputs
+    specs = dict(zip(plan.schema.inputs, plan.decision.ctx.inputs))
+    return tuple(
+        plan.empty(specs[name].shape, specs[name].dtype, plan.device, stream) if name in buffers and x is not None
+        else x
+        for name, x in zip(plan.schema.inputs, inputs)
+    )  # fmt: skip
 
 
 def median_us(measure: Callable[[Callable[[], None]], float], fn: Callable[[], None]) -> float:

@@ -119,12 +119,26 @@ def _common_device(op: str, names: tuple[str, ...], specs: tuple[InputSpec, ...]
 
 
 def check_arity(schema: OpSchema, inputs: tuple, attrs: tuple) -> None:
-    """As many inputs and attributes as the schema names (the positional form `Dispatcher.run` takes)."""
-    if len(inputs) != len(schema.inputs) or len(attrs) != len(schema.attrs):
+    """As many inputs and attributes as the schema names (the positional form `Dispatcher.run` takes);
+    trailing attributes that have defaults may be left out, so that an op can gain an attribute without
+    breaking callers that pass the older, shorter tuple."""
+    omitted = schema.attrs[len(attrs) :]
+    if (
+        len(inputs) != len(schema.inputs)
+        or len(attrs) > len(schema.attrs)
+        or any(name not in schema.defaults for name in omitted)
+    ):
         raise ArgumentError(
             f"{schema.name}: expected inputs {schema.inputs} and attributes {schema.attrs}, "
             f"got {len(inputs)} inputs and {len(attrs)} attributes"
         )
+
+
+def with_default_attrs(schema: OpSchema, attrs: tuple) -> tuple:
+    """`attrs` with the defaults of the trailing attributes it leaves out."""
+    if len(attrs) == len(schema.attrs):
+        return attrs
+    return (*attrs, *(schema.defaults[name] for name in schema.attrs[len(attrs) :]))
 
 
 def build_context(schema: OpSchema, inputs: tuple, attrs: tuple, out: Any, policy: KernelPolicy) -> DispatchContext:
@@ -132,6 +146,7 @@ def build_context(schema: OpSchema, inputs: tuple, attrs: tuple, out: Any, polic
     from .runtime.device import compute_capability
 
     check_arity(schema, inputs, attrs)
+    attrs = with_default_attrs(schema, attrs)
     specs = tuple(_describe_input(schema, n, v) for n, v in zip(schema.inputs, inputs))
     out_spec = None if out is None else _describe_out(schema.name, out)
     device = _common_device(schema.name, schema.inputs, specs, out_spec)
@@ -152,6 +167,9 @@ def build_context(schema: OpSchema, inputs: tuple, attrs: tuple, out: Any, polic
     ctx = dataclasses.replace(ctx, out_dtype=schema.infer_dtype(ctx), out_shape=schema.infer_shape(ctx))
     if out_spec is not None:
         _check_out(ctx, out_spec)
+    for name, spec in zip(schema.inputs, specs):  # buffers the kernels write are outputs too
+        if name in schema.buffers and isinstance(spec, TensorSpec):
+            _refuse_self_overlap(schema.name, name, spec)
     return ctx
 
 
@@ -160,6 +178,13 @@ def _check_out(ctx: DispatchContext, out: TensorSpec) -> None:
         raise argument_error(ShapeError, ctx.op, "out", f"shape {ctx.out_shape}", out.shape)
     if out.dtype != ctx.out_dtype:
         raise argument_error(DTypeError, ctx.op, "out", f"dtype {ctx.out_dtype}", out.dtype)
-    if overlaps_itself(out.shape, out.strides):  # strides are in the plan key: checked once per plan
-        raise argument_error(LayoutError, ctx.op, "out", "an array whose elements do not overlap each other",
-                             f"strides {out.strides} for shape {out.shape} (a zero or overlapping stride)")  # fmt: skip
+    _refuse_self_overlap(ctx.op, "out", out)
+
+
+def _refuse_self_overlap(op: str, name: str, spec: TensorSpec) -> None:
+    """A written array whose elements share memory gives wrong results (strides are in the plan key: this runs
+    once per plan)."""
+    if overlaps_itself(spec.shape, spec.strides):
+        expected = "an array whose elements do not overlap each other"
+        got = f"strides {spec.strides} for shape {spec.shape} (a zero or overlapping stride)"
+        raise argument_error(LayoutError, op, name, expected, got)

@@ -25,9 +25,9 @@ from numpy import ndarray
 from . import arguments
 from .abi import ArgPack, SyncPolicy, itemsize
 from .arguments import attr_values, fill_inputs, has_cpu_tensor, normalize_call
-from .arrays import NotAnArray, check_out_autograd, is_torch_tensor, mark_written
+from .arrays import NotAnArray, check_out_autograd, is_cpu_tensor, is_torch_tensor, mark_written
 from .context import DispatchContext, build_context
-from .errors import ArgumentError, KernelFallbackWarning, LaunchError, PolicyError
+from .errors import ArgumentError, KernelFallbackWarning, LaunchError, OutOfMemoryError, PolicyError, XpuRuntimeError
 from .log import OBSERVERS, DispatchEvent, DispatchRecord
 from .plan import Plan, PlanCache
 from .policy import KernelPolicy, current_policy
@@ -129,6 +129,8 @@ class Dispatcher:
             plan = _tracked(self._plan_miss, op, inputs, attrs, out, policy, key)
         stream = None if plan.current_stream is None else plan.current_stream(plan.device)
         tensor_out = out is not None and type(out) is not ndarray  # a PyTorch tensor: autograd's rules apply
+        if plan.schema.buffers:
+            plan.schema.check_buffers(inputs)
         if out is not None:
             plan.schema.check_layout(inputs, out)
             if tensor_out:
@@ -152,6 +154,8 @@ class Dispatcher:
             out = _returned_output(plan, returned) if hit else _checked_output(plan, returned)
         elif tensor_out:
             mark_written(out)
+        if plan.schema.buffers:
+            plan.schema.mark_buffers_written(inputs)
         if start:
             _notify_observers(plan, hit, start, launch_start)
         return out
@@ -164,12 +168,16 @@ class Dispatcher:
         schema = self.registry.op(op)
         if out is not None and is_torch_tensor(out):  # before a CPU tensor becomes a NumPy view without autograd
             check_out_autograd(op, schema.inputs, inputs, out)
+        if schema.buffers:
+            schema.check_buffers(inputs)
         inputs_, attrs_, out_ = normalize_call(schema, inputs, attrs, out)
         try:
             hash(arguments.plan_key(op, 0, attrs_, inputs_, out_))
         except (NotAnArray, TypeError) as exc:  # never loop: normalized arguments must make a key
             raise ArgumentError(f"{op}: arguments cannot be dispatched ({type(exc).__name__}: {exc})") from None
         result = self.run(op, inputs_, attrs_, out_, policy)
+        if schema.buffers:  # CPU tensors among the buffers were written through NumPy views of their memory
+            schema.mark_buffers_written(tuple(x if is_cpu_tensor(x) else None for x in inputs))
         if out is not None:
             if out_ is not out and is_torch_tensor(out):  # written through a NumPy view of its memory
                 mark_written(out)
@@ -314,10 +322,14 @@ def _returned_output(plan: Plan, returned: Any) -> Any:
     return returned
 
 
-def _launch_error(plan: Plan, exc: Exception) -> LaunchError:
+def _launch_error(plan: Plan, exc: Exception) -> XpuRuntimeError:
+    """The error a failed launch raises: LaunchError naming op, kernel and launch config, or OutOfMemoryError
+    when the kernel's own temporaries did not fit (NumPy's MemoryError, PyTorch's OutOfMemoryError)."""
     kernel = plan.kernel
-    return LaunchError(
-        f"{kernel.op}: kernel '{kernel.name}' [{kernel.backend}] failed "
+    out_of_memory = isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError"
+    return (OutOfMemoryError if out_of_memory else LaunchError)(
+        f"{kernel.op}: kernel '{kernel.name}' [{kernel.backend}] "
+        f"{'ran out of memory' if out_of_memory else 'failed'} "
         f"(launch config {plan.config.describe()}; {plan.decision.ctx.summary()}): {type(exc).__name__}: {exc}"
     )
 

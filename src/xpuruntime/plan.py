@@ -58,9 +58,9 @@ class Plan:
         self.finish = finish  # (stream) -> None after each launch: the policy's sync, or None for NO_SYNC
         self.last_used = 0  # the plan cache's clock at the last hit, for LRU eviction
         # what the C hit path (runtime/hot_path.cpp) runs for a call without out=; None: Python runs it
-        # (a workspace to lend or a sync to make after the launch)
+        # (a workspace to lend, a sync to make after the launch, or input buffers to check)
         self.hit_path = (
-            None if workspace_bytes or finish is not None
+            None if workspace_bytes or finish is not None or schema.buffers
             else (current_stream, ctx.device, None if self.returns_output else self.allocate, self.attrs, config,
                   self.launch)
         )  # fmt: skip

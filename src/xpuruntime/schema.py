@@ -11,7 +11,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .arrays import check_output_aliasing, returned_array_problem
+import numpy as np
+
+from .arrays import check_output_aliasing, check_written_tensor, is_torch_tensor, mark_written, returned_array_problem
+from .errors import ArgumentError
 
 if TYPE_CHECKING:
     from .context import DispatchContext
@@ -43,6 +46,8 @@ class OpSchema:
     scalars: frozenset[str] = field(default_factory=frozenset)  # inputs that may be Python numbers
     normalize_attrs: Callable[[DispatchContext], dict[str, Any]] = _no_attrs
     inplace: bool = False  # `out` may be exactly an input's view (elementwise-style ops)
+    # inputs the kernels write: outputs beyond the one the ABI has (attention_forward's lse), filled like `out`
+    buffers: frozenset[str] = field(default_factory=frozenset)
     flops: Callable[[DispatchContext], int] = _no_flops
     returned_parts: ReturnedParts | None = None  # a returns_output kernel may return a tuple of these instead
     doc: str = ""
@@ -64,3 +69,24 @@ class OpSchema:
                     return f"{problem} as item {index} of its tuple"
             return None
         return returned_array_problem(returned, ctx.out_shape, ctx.out_dtype, ctx.device)
+
+    def check_buffers(self, inputs: tuple) -> None:
+        """The input buffers the kernels write must be writable (a read-only NumPy view is not; that is no
+        part of the plan-cache key, so it is checked on every call), and a PyTorch tensor among them must be
+        one autograd lets us write (see `arrays.check_written_tensor`)."""
+        for name, x in zip(self.inputs, inputs):
+            if name not in self.buffers or x is None:
+                continue
+            if isinstance(x, np.ndarray):
+                if not x.flags.writeable:
+                    raise ArgumentError(
+                        f"{self.name}: argument '{name}' expected a writable array, got a read-only one"
+                    )
+            elif is_torch_tensor(x):
+                check_written_tensor(self.name, name, x)
+
+    def mark_buffers_written(self, inputs: tuple) -> None:
+        """Bump the version counter of each PyTorch tensor among the buffers the kernels wrote."""
+        for name, x in zip(self.inputs, inputs):
+            if name in self.buffers and x is not None and is_torch_tensor(x):
+                mark_written(x)

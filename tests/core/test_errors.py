@@ -281,7 +281,8 @@ def _readonly(like: np.ndarray) -> np.ndarray:
         (lambda: xrt.ops.softmax(X, out=1.0), "softmax: argument 'out' expected an array, got float"),
         (lambda: xrt.ops.softmax(TensorSpec((3, 4))), "softmax: argument 'x' expected an array, got a TensorSpec"),
         (lambda: xrt.ops.softmax([[1.0], [1.0, 2.0]]), "softmax: argument 'x' expected an array, got list"),
-        (lambda: xrt.default_dispatcher().run("sum", (X,), (0,)), "sum: expected inputs"),
+        (lambda: xrt.default_dispatcher().run("sum", (X,), (0, False, 1)), "sum: expected inputs"),
+        (lambda: xrt.default_dispatcher().run("layer_norm", (X, None, None), ()), "layer_norm: expected inputs"),
         (lambda: xrt.default_dispatcher().plan("layer_norm", X), r"attribute\(s\) \['normalized_shape'\] have no default"),
         (lambda: xrt.ops.softmax(X, out=_readonly(X)), "softmax: argument 'out' expected a writable array"),
     ],
@@ -289,6 +290,15 @@ def _readonly(like: np.ndarray) -> np.ndarray:
 def test_odd_arguments_get_argument_errors(call, message):
     with pytest.raises(ArgumentError, match=message):
         call()
+
+
+def test_trailing_attributes_with_defaults_may_be_left_out():
+    """An op can gain an attribute without breaking callers of the positional form that pass the shorter tuple
+    (rms_norm gained offset and casting after eps)."""
+    run = xrt.default_dispatcher().run
+    np.testing.assert_array_equal(run("sum", (X,), (0,)), run("sum", (X,), (0, False)))
+    short = run("rms_norm", (X, None), ((4,), 1e-6))
+    np.testing.assert_array_equal(short, run("rms_norm", (X, None), ((4,), 1e-6, 0.0, "torch")))
 
 
 @pytest.mark.parametrize("value", [{0}, {0: 1}, slice(1)])  # slices are hashable from Python 3.12 on

@@ -16,7 +16,10 @@ from hypothesis import strategies as st
 
 import xpuruntime as xrt
 from xpuruntime.arrays import overlaps_itself
+from xpuruntime.dispatch import Dispatcher
 from xpuruntime.errors import ArgumentError, LayoutError
+from xpuruntime.registry import Backend, Registry, kernel
+from xpuruntime.schema import OpSchema
 
 torch = pytest.importorskip("torch")
 
@@ -150,3 +153,48 @@ def test_cuda_tensor_out_bumps_the_version_and_refuses_requires_grad():
                        out=torch.zeros(8, 8, device="cuda", requires_grad=True))  # fmt: skip
     with pytest.raises(LayoutError, match="do not overlap"):
         xrt.ops.sin_affine(torch.randn(8, 8, device="cuda"), 1.0, 0.0, out=torch.zeros(8, device="cuda").expand(8, 8))
+
+
+# -- buffers the kernels write besides `out` (schema.buffers: add_layer_norm's residual_out, ...) ---------------
+
+
+def buffer_registry() -> Registry:
+    """An op 'scaled' (out = 2x) whose kernel also writes x + 1 into the buffer 'buf'."""
+    registry = Registry()
+    registry.register_op(OpSchema(
+        name="scaled", inputs=("x", "buf"), buffers=frozenset({"buf"}), infer_dtype=lambda ctx: ctx.tensor("x").dtype,
+        infer_shape=lambda ctx: ctx.tensor("x").shape, reference=lambda x, buf: 2 * x,
+    ))  # fmt: skip
+    registry.register_backend(Backend("cpu", "cpu", empty=lambda shape, dtype, device, stream: np.empty(shape, dtype)))
+
+    def launch(args):
+        x, buf = args.inputs
+        np.multiply(x, 2, out=args.out)
+        np.add(x, 1, out=buf)
+
+    registry.register_kernel(kernel("scaled", "numpy", backend="cpu")(launch))
+    return registry
+
+
+def test_a_buffer_overlapping_itself_is_refused():
+    dispatcher = Dispatcher(buffer_registry())
+    x = np.random.rand(4, 4)
+    with pytest.raises(LayoutError, match="scaled: argument 'buf' expected an array whose elements do not overlap"):
+        dispatcher.run("scaled", (x, self_overlapping((4, 4))))
+    buf = np.empty((4, 4))
+    np.testing.assert_array_equal(dispatcher.run("scaled", (x, buf)), 2 * x)
+    np.testing.assert_array_equal(buf, x + 1)
+
+
+def test_a_tensor_buffer_is_written_as_pytorch_writes_in_place():
+    x, r = torch.rand(4, 4), torch.rand(4, 4)
+    saved = torch.zeros(4, 4)
+    w = torch.rand(4, 4, requires_grad=True)
+    loss = (w * saved).sum()  # saves `saved` for w's gradient
+    before = saved._version
+    xrt.ops.add_layer_norm(x, r, residual_out=saved)
+    assert saved._version > before
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
+    with pytest.raises(ArgumentError, match="add_layer_norm: argument 'residual_out' requires grad"):
+        xrt.ops.add_layer_norm(x, r, residual_out=torch.zeros(4, 4, requires_grad=True))

@@ -48,6 +48,26 @@ def huge_calls() -> dict[str, str]:
         ),
         "fused_elementwise": f'xrt.ops.fused_elementwise((("sin", ("in", 0)),), B(({ROWS}, {COLS})))',
         "autocast_linear": f"xrt.ops.autocast_linear(B(({ROWS}, 1)), B(({COLS}, 1)), None, 'bfloat16')",
+        "add_layer_norm": f"xrt.ops.add_layer_norm(B(({ROWS}, {COLS})), B(({ROWS}, {COLS})))",
+        "add_rms_norm": f"xrt.ops.add_rms_norm(B(({ROWS}, {COLS})), B(({ROWS}, {COLS})))",
+        "add_layer_norm_backward": f"xrt.ops.add_layer_norm_backward(*[B(({ROWS}, {COLS}))] * 3)",
+        "add_rms_norm_backward": f"xrt.ops.add_rms_norm_backward(*[B(({ROWS}, {COLS}))] * 3)",
+        "swiglu": f"xrt.ops.swiglu(B(({ROWS}, {COLS})), B(({ROWS}, {COLS})))",
+        "geglu": f"xrt.ops.geglu(B(({ROWS}, {COLS})), B(({ROWS}, {COLS})))",
+        "swiglu_backward": f"xrt.ops.swiglu_backward(*[B(({ROWS}, {COLS}))] * 3)",
+        "geglu_backward": f"xrt.ops.geglu_backward(*[B(({ROWS}, {COLS}))] * 3)",
+        "rotary_embedding": f"xrt.ops.rotary_embedding(*[B((1, 1, {ROWS}, {COLS}))] * 2, *[B((1, {ROWS}, {COLS}))] * 2)",
+        "rotary_embedding_backward": (
+            f"xrt.ops.rotary_embedding_backward(*[B((1, 1, {ROWS}, {COLS}))] * 2, *[B((1, {ROWS}, {COLS}))] * 2)"
+        ),
+        "linear_cross_entropy": (  # a loss per row
+            f"xrt.ops.linear_cross_entropy(B(({ROWS * COLS}, 1)), B((4, 1)), "
+            f"np.broadcast_to(np.int64(1), ({ROWS * COLS},)), reduction='none')"
+        ),
+        "linear_cross_entropy_backward": (
+            f"xrt.ops.linear_cross_entropy_backward(np.float32(1), B(({ROWS}, {COLS})), B((4, {COLS})), "
+            f"np.zeros({ROWS}, np.int64))"
+        ),
     }
 
 
@@ -91,7 +111,8 @@ def test_every_op_refuses_an_output_that_cannot_fit_before_allocating_it():
             assert outcome == "NoKernelError", (op, outcome)
             continue
         assert outcome.startswith("OutOfMemoryError"), (op, outcome)
-        assert f"{op}: output of shape (" in outcome and "GiB" in outcome and "bytes), more than" in outcome, outcome
+        assert f"OutOfMemoryError: {op}: " in outcome and " of shape (" in outcome, outcome  # its output or a buffer
+        assert "GiB" in outcome and "bytes), more than" in outcome, outcome
 
 
 def test_the_message_names_op_shape_dtype_and_bytes(monkeypatch):
@@ -132,6 +153,20 @@ def test_a_caller_out_is_not_sized_but_a_workspace_is(monkeypatch):
         OutOfMemoryError, match=r"softmax: workspace of kernel .greedy. needs 909.5 TiB \(1000000000000000 bytes\)"
     ):
         xrt.Dispatcher(registry).run("softmax", (np.ones(3, np.float32),), (-1,), out=np.empty(3, np.float32))
+
+
+def test_a_kernel_whose_temporaries_do_not_fit_raises_out_of_memory_naming_it():
+    registry = Registry()
+    for schema in xrt.default_registry().ops.values():
+        registry.register_op(schema)
+    registry.register_backend(xrt.default_registry().backends["cpu"])
+
+    def greedy(args):
+        raise MemoryError("Unable to allocate 8.00 GiB for an array with shape (65536, 32768) and data type float32")
+
+    registry.register_kernel(kernel("softmax", "greedy", backend="cpu")(greedy))
+    with pytest.raises(OutOfMemoryError, match=r"softmax: kernel 'greedy' \[cpu\] ran out of memory .* 8.00 GiB"):
+        xrt.Dispatcher(registry).run("softmax", (np.ones(3, np.float32),), (-1,))
 
 
 def test_capacity_follows_the_process_limit():

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper
-from onnx_models import make, onnxruntime, ours, randn, same, torch_run, vi
+from onnx_models import make, onnxruntime, ours, randn, reference, same, torch_run, vi
 from strategies import seeds
 
 from xpuruntime.onnx import NodeExecutionError
@@ -104,6 +104,10 @@ def pool_case(rng, op: str, rank: int, data) -> tuple:
         attrs["count_include_pad"] = int(data.draw(st.booleans()))
     if op == "MaxPool" and data.draw(st.booleans()) and "auto_pad" not in attrs:
         attrs["dilations"] = [data.draw(st.integers(1, 2)) for _ in range(rank)]
+        pads = attrs["pads"]
+        spans = [(k - 1) * d + 1 for k, d in zip(kernel, attrs["dilations"])]
+        if any(w > n + pads[i] + pads[rank + i] for i, (n, w) in enumerate(zip(spatial, spans))):
+            del attrs["dilations"]  # a dilated kernel wider than the padded input: no valid pool
     outputs = ["y", "i"] if op == "MaxPool" and data.draw(st.booleans()) else ["y"]
     node = helper.make_node(op, ["x"], outputs, **attrs)
     out_vi = [vi("y", None)] + ([vi("i", None, TensorProto.INT64)] if len(outputs) == 2 else [])
@@ -133,6 +137,47 @@ def test_conv_errors_name_the_op_and_the_shapes(rng) -> None:
                 [vi("y", None)], {}, 17)  # fmt: skip
     with pytest.raises(NodeExecutionError, match="MaxPool: a kernel of span"):
         ours(pool, {"x": randn(rng, 1, 3, 5, 5)})
+
+
+# -- MaxUnpool, Col2Im, DeformConv ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("path", ["numpy", "torch"])
+def test_max_unpool_col2im_and_deform_conv(path: str, torch_session, rng) -> None:
+    run = (lambda model, feed: ours(model, feed)) if path == "numpy" else (lambda m, f: torch_run(torch_session, m, f))
+    x = randn(rng, 2, 3, 6, 7)
+    pool = helper.make_node("MaxPool", ["x"], ["p", "i"], kernel_shape=[2, 2], strides=[2, 2])
+    unpool = helper.make_node("MaxUnpool", ["p", "i", "shape"], ["u"], kernel_shape=[2, 2], strides=[2, 2])
+    model = make([pool, unpool], [vi("x", [2, 3, 6, 7]), vi("shape", [4], TensorProto.INT64)], [vi("u", None)],
+                 opset=22)  # fmt: skip
+    feed = {"x": x, "shape": np.array([2, 3, 7, 8], np.int64)}  # larger than the pool's input
+    same(run(model, feed), onnxruntime(model, feed), atol=0, rtol=0)
+    for image, block, attrs in (([5, 6], [2, 3], {"pads": [1, 0, 0, 1], "strides": [2, 1]}),
+                                ([4, 5, 3], [2, 2, 2], {"dilations": [1, 2, 1]})):  # fmt: skip
+        node = helper.make_node("Col2Im", ["cols", "image", "block"], ["y"], **attrs)
+        conv = helper.make_node("Conv", ["probe", "ones"], ["z"], **attrs)  # the number of blocks, from Conv
+        probe = make([conv], [vi("probe", [1, 1, *image]), vi("ones", [1, 1, *block])], [vi("z", None)], opset=18)
+        blocks = int(np.prod(onnxruntime(probe, {"probe": np.ones((1, 1, *image), np.float32),
+                                                  "ones": np.ones((1, 1, *block), np.float32)})[0].shape))  # fmt: skip
+        cols = randn(rng, 2, 3 * int(np.prod(block)), blocks)
+        inputs = [vi("cols", list(cols.shape)), vi("image", [len(image)], TensorProto.INT64),
+                  vi("block", [len(block)], TensorProto.INT64)]  # fmt: skip
+        model = make([node], inputs, [vi("y", None)], opset=18)
+        feed = {"cols": cols, "image": np.array(image, np.int64), "block": np.array(block, np.int64)}
+        # onnxruntime's 3-D Col2Im with dilations disagrees with the spec's reference (and with ours)
+        same(run(model, feed), (onnxruntime if len(image) == 2 else reference)(model, feed), atol=1e-5)
+    offset = randn(rng, 2, 2 * 9 * 2, 6, 7) / 2
+    mask = rng.random((2, 2 * 9, 6, 7)).astype(np.float32)
+    node = helper.make_node("DeformConv", ["x", "w", "offset", "b", "mask"], ["y"], kernel_shape=[3, 3],
+                            pads=[1, 1, 1, 1], offset_group=2)  # fmt: skip
+    x = randn(rng, 2, 4, 6, 7)
+    inputs = [vi("x", [2, 4, 6, 7]), vi("w", [4, 4, 3, 3]), vi("offset", list(offset.shape)), vi("b", [4]),
+              vi("mask", list(mask.shape))]  # fmt: skip
+    model = make([node], inputs, [vi("y", None)], opset=22)
+    feed = {"x": x, "w": randn(rng, 4, 4, 3, 3), "offset": offset, "b": randn(rng, 4), "mask": mask}
+    same(run(model, feed), onnxruntime(model, feed), atol=1e-4, rtol=1e-4)
+    zero = {**feed, "offset": np.zeros_like(offset), "mask": np.ones_like(mask)}  # no offsets: a plain Conv
+    conv = helper.make_node("Conv", ["x", "w", "b"], ["y"], kernel_shape=[3, 3], pads=[1, 1, 1, 1])
+    plain = make([conv], inputs[:2] + inputs[3:4], [vi("y", None)], opset=22)
+    same(run(model, zero), onnxruntime(plain, {k: zero[k] for k in ("x", "w", "b")}), atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.gpu

@@ -73,3 +73,49 @@ def test_indices_out_of_range_name_the_op(op: str, indices: np.ndarray, rng) -> 
     model = make([node], [vi("data", [5, 4])], [vi("y", None)], consts, 18)
     with pytest.raises(NodeExecutionError, match=rf"{op}: indices outside"):
         ours(model, {"data": data}, level="disabled")
+
+
+# -- Compress, NonZero, Unique, ReverseSequence, TensorScatter ------------------------------------------------------
+@pytest.mark.parametrize("path", PATHS)
+def test_compress_nonzero_and_unique_match_onnxruntime(path: str, torch_session, rng) -> None:
+    x = rng.integers(-3, 4, (4, 6)).astype(np.float32)
+    x[2] = x[0]  # a repeated row for Unique along axis 0
+    nodes = [
+        helper.make_node("Compress", ["x", "keep"], ["c0"], axis=0),
+        helper.make_node("Compress", ["x", "short"], ["c1"], axis=-1),  # shorter than the axis
+        helper.make_node("Compress", ["x", "flat"], ["c"]),
+        helper.make_node("NonZero", ["x"], ["nz"]),
+        helper.make_node("Unique", ["x"], ["u", "ui", "uinv", "uc"], sorted=1),
+        helper.make_node("Unique", ["x"], ["v", "vi", "vinv", "vc"], sorted=0),
+        helper.make_node("Unique", ["x"], ["r", "ri", "rinv", "rc"], axis=0),
+    ]
+    outs = [o for n in nodes for o in n.output]
+    types = {o: I64 if o in ("nz", "ui", "uinv", "uc", "vi", "vinv", "vc", "ri", "rinv", "rc") else F for o in outs}
+    B = TensorProto.BOOL
+    inputs = [vi("x", [4, 6]), vi("keep", [4], B), vi("short", [4], B), vi("flat", [10], B)]
+    model = make(nodes, inputs, [vi(o, None, types[o]) for o in outs], opset=11)
+    feed = {"x": x, "keep": rng.random(4) < 0.5, "short": rng.random(4) < 0.5, "flat": rng.random(10) < 0.5}
+    same(run_on(path, torch_session, model, feed), onnxruntime(model, feed), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_reverse_sequence_and_tensor_scatter(path: str, torch_session, rng) -> None:
+    x = randn(rng, 5, 3, 2)
+    node = helper.make_node("ReverseSequence", ["x", "lens"], ["y"], batch_axis=1, time_axis=0)
+    model = make([node], [vi("x", [5, 3, 2]), vi("lens", [3], I64)], [vi("y", None)], opset=10)
+    feed = {"x": x, "lens": np.array([5, 1, 3], np.int64)}
+    same(run_on(path, torch_session, model, feed), onnxruntime(model, feed), atol=0, rtol=0)
+    past, update = randn(rng, 2, 3, 6, 4), randn(rng, 2, 3, 3, 4)
+    for mode, write in (("linear", [0, 3]), ("circular", [4, 5])):
+        node = helper.make_node("TensorScatter", ["past", "update", "write"], ["present"], mode=mode, axis=2)
+        inputs = [vi("past", [2, 3, 6, 4]), vi("update", [2, 3, 3, 4]), vi("write", [2], I64)]
+        model = make([node], inputs, [vi("present", None)], opset=24)
+        want = past.copy()
+        for b, start in enumerate(write):
+            for s in range(3):
+                want[b, :, (start + s) % 6] = update[b, :, s]
+        feed = {"past": past, "update": update, "write": np.array(write, np.int64)}
+        same(run_on(path, torch_session, model, feed), [want], atol=0, rtol=0)
+    with pytest.raises(NodeExecutionError, match=r"TensorScatter: write_indices \[4 5\] \+ 3 updates run past"):
+        node = helper.make_node("TensorScatter", ["past", "update", "write"], ["present"], axis=2)
+        run_on("numpy", None, make([node], inputs, [vi("present", None)], opset=24), feed)

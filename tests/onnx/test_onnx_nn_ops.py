@@ -1,5 +1,6 @@
-"""InferenceSession on neural-network ops: Dropout (1 to 22) in inference, training-mode refusals; on the CPU
-and through the GPU path's PyTorch functions (CPU tensors)."""
+"""InferenceSession on neural-network ops: Dropout (1 to 22) in inference, training-mode refusals; the Instance,
+Group, MeanVariance and Lp normalizations, LRN, RotaryEmbedding; on the CPU and through the GPU path's PyTorch
+functions (CPU tensors)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper
-from onnx_models import LEVELS, make, onnxruntime, ours, randn, same, torch_run, vi
+from onnx_models import LEVELS, make, onnxruntime, ours, randn, run_on, same, torch_run, vi
 
 from xpuruntime.onnx import InferenceSession, NodeExecutionError, UnsupportedModelError
 
@@ -110,3 +111,46 @@ def test_dropout_through_the_torch_path(torch_session, rng) -> None:
     same(session.run(None, {**feed, "training": np.array(False)}), ours(fed, {**feed, "training": np.array(False)}))
     with pytest.raises(NodeExecutionError, match="training_mode=True"):
         session.run(None, {**feed, "training": np.array(True)})
+
+
+# -- Instance, Group, MeanVariance, Lp normalization, LRN, RotaryEmbedding ------------------------------------------
+@pytest.mark.parametrize("path", ["numpy", "torch"])
+def test_normalizations_match_onnxruntime(path: str, torch_session, rng) -> None:
+    x = randn(rng, 2, 6, 5, 3)
+    x[0, :, 0, 0] = 0  # a zero vector for LpNormalization
+    nodes = [
+        helper.make_node("InstanceNormalization", ["x", "scale", "bias"], ["inst"], epsilon=1e-3),
+        helper.make_node("GroupNormalization", ["x", "scale", "bias"], ["group"], num_groups=3),
+        helper.make_node("MeanVarianceNormalization", ["x"], ["mvn"], axes=[0, 2]),
+        helper.make_node("LpNormalization", ["x"], ["l1"], axis=1, p=1),
+        helper.make_node("LpNormalization", ["x"], ["l2"], axis=-1, p=2),
+        helper.make_node("LRN", ["x"], ["lrn"], size=3, alpha=0.02, beta=0.6, bias=1.5),
+    ]
+    outs = [vi(n.output[0], None) for n in nodes]
+    consts = {"scale": randn(rng, 6), "bias": randn(rng, 6)}
+    model = make(nodes, [vi("x", [2, 6, 5, 3])], outs, consts, opset=21)
+    same(run_on(path, torch_session, model, {"x": x}), onnxruntime(model, {"x": x}), atol=1e-4, rtol=1e-4)
+    # an even LRN size (onnxruntime takes odd ones only): 1 channel before, 2 after
+    even = make([helper.make_node("LRN", ["x"], ["y"], size=4, alpha=0.02)], [vi("x", [2, 6, 5, 3])], [vi("y", None)])
+    wide = x.astype(np.float64)
+    sums = np.stack([(wide[:, max(c - 1, 0) : c + 3] ** 2).sum(axis=1) for c in range(6)], axis=1)
+    want = (wide / (1 + 0.02 / 4 * sums) ** 0.75).astype(np.float32)
+    same(run_on(path, torch_session, even, {"x": x}), [want], atol=1e-5)
+
+
+@pytest.mark.parametrize("path", ["numpy", "torch"])
+@pytest.mark.parametrize("interleaved", [0, 1])
+def test_rotary_embedding_matches_onnxruntime(path: str, interleaved: int, torch_session, rng) -> None:
+    for rotary_dim, rank in ((0, 4), (4, 4), (0, 3)):
+        half = (rotary_dim or 8) // 2
+        attrs = {"interleaved": interleaved, "rotary_embedding_dim": rotary_dim} | (
+            {"num_heads": 2} if rank == 3 else {}
+        )
+        node = helper.make_node("RotaryEmbedding", ["x", "cos", "sin", "pos"], ["y"], **attrs)
+        shape = [2, 2, 3, 8] if rank == 4 else [2, 3, 16]
+        inputs = [vi("x", shape), vi("cos", [10, half]), vi("sin", [10, half]), vi("pos", [2, 3], TensorProto.INT64)]
+        model = make([node], inputs, [vi("y", None)], opset=23)
+        angles = rng.uniform(0, 6, (10, half))
+        feed = {"x": randn(rng, *shape), "cos": np.cos(angles).astype(np.float32),
+                "sin": np.sin(angles).astype(np.float32), "pos": rng.integers(0, 10, (2, 3))}  # fmt: skip
+        same(run_on(path, torch_session, model, feed), onnxruntime(model, feed), atol=1e-5)

@@ -150,3 +150,13 @@ def test_new_ops_on_cuda_with_cuda_graphs(rng) -> None:
         np.testing.assert_array_equal(np.take_along_axis(r, i, -1), v)
         assert all(len(set(row)) == 3 for row in i.reshape(-1, 3).tolist())
     assert {entry.note for entry in session.runner.cache.values()} == {"CUDA graph captured"}
+
+
+def test_an_output_left_out_does_not_fill_the_slot_of_inputs_left_out(rng) -> None:
+    """An LSTM whose Y is left out ('') and a later Clip whose min is left out: the Clip must see no min."""
+    x, w, r = randn(rng, 4, 2, 3) / 3, randn(rng, 1, 8, 3) / 3, randn(rng, 1, 8, 2) / 3
+    nodes = [helper.make_node("LSTM", ["x", "w", "r"], ["", "h"], hidden_size=2),
+             helper.make_node("Clip", ["h", "", "hi"], ["y"])]  # fmt: skip
+    model = make(nodes, [vi("x", [4, 2, 3])], [vi("y", None)], {"w": w, "r": r, "hi": np.float32(0.1)}, opset=13)
+    for level in LEVELS:
+        same(session_at(model, level).run(None, {"x": x}), onnxruntime(model, {"x": x}))

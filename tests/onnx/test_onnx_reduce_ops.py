@@ -151,3 +151,18 @@ def test_exclusive_cumsum_over_an_empty_axis(level: str) -> None:
     sess = session_at(model, level)
     check_reference(sess, model, {"x": randn(RNG, 3, 0)})
     check_reference(sess, model, {"x": randn(RNG, 3, 4)})
+
+
+# -- CumProd, Hardmax, Det ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("path", ["numpy", "torch"])
+def test_cumprod_hardmax_and_det_match_onnxruntime(path: str, torch_session, rng) -> None:
+    x = (rng.uniform(0.5, 1.5, (3, 4, 4)) * np.where(rng.random((3, 4, 4)) < 0.3, -1, 1)).astype(np.float32)
+    x[1, 2] = x[1, 2].max()  # ties: Hardmax picks the first
+    nodes = [helper.make_node("CumProd", ["x", "axis"], [f"c{e}{r}"], exclusive=e, reverse=r)
+             for e in (0, 1) for r in (0, 1)]  # fmt: skip
+    nodes += [helper.make_node("Hardmax", ["x"], ["h"], axis=1), helper.make_node("Det", ["x"], ["d"])]
+    outs = [vi(n.output[0], None) for n in nodes]
+    model = make(nodes, [vi("x", [3, 4, 4])], outs, {"axis": np.array(-1, np.int64)}, opset=26)
+    same(run_on(path, torch_session, model, {"x": x}), onnxruntime(model, {"x": x}), atol=1e-5)
+    old = make([helper.make_node("Hardmax", ["x"], ["h"], axis=1)], [vi("x", [3, 4, 4])], [vi("h", None)], opset=11)
+    same(run_on(path, torch_session, old, {"x": x}), onnxruntime(old, {"x": x}), atol=0, rtol=0)  # 2-D coercion

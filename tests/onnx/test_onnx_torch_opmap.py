@@ -26,6 +26,12 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     CASES = [c for c in load_model_tests(kind="node") if claims(c.model)]
 
+_FFT_NOISE = (
+    "the expected imaginary parts are NumPy's float32 FFT round-off (1.9e-7, above the case's atol 1e-7) where "
+    "the exact value is 0; torch.fft rounds differently (the NumPy path, using NumPy's FFT, matches)"
+)
+KNOWN_TORCH = {**KNOWN, "test_dft_inverse": _FFT_NOISE, "test_dft_inverse_opset19": _FFT_NOISE}
+
 
 @pytest.fixture(scope="module")
 def no_kernels() -> Dispatcher:
@@ -47,7 +53,10 @@ def _array(x: object) -> np.ndarray:
 @pytest.mark.parametrize("level", ["disabled", "all"])
 @pytest.mark.parametrize(
     "case",
-    [pytest.param(c, marks=pytest.mark.xfail(reason=KNOWN[c.name])) if c.name in KNOWN else c for c in CASES],
+    [
+        pytest.param(c, marks=pytest.mark.xfail(reason=KNOWN_TORCH[c.name])) if c.name in KNOWN_TORCH else c
+        for c in CASES
+    ],
     ids=lambda c: c.name,
 )
 def test_node_torch(case: object, level: str, no_kernels: Dispatcher) -> None:

@@ -23,6 +23,7 @@ LAYERS = [
     {"__init__", "policy", "ops", "graphs", "autocast", "profiling", "allocator"},
     {"install"},
     {"compiled"},
+    {"inductor_pass"},
     {"routes", "routes.attention", "routes.matmul", "routes.norm"},
     {"tracing"},
     {"custom_ops", "custom_ops.attention", "custom_ops.matmul", "custom_ops.norm"},

@@ -1,4 +1,5 @@
-"""ONNX element types as NumPy dtype names (one place, below the importer and the op records)."""
+"""ONNX element types as NumPy dtype names, and the ones the session runs (one place, below the importer and
+the op records)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,11 @@ import functools
 import numpy as np
 import onnx
 from onnx import helper
+
+# the tensor dtypes the session runs (not bfloat16, the float 8, 4 and 2-bit types, strings)
+SUPPORTED_DTYPES = frozenset({
+    "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16", "float32", "float64",
+})  # fmt: skip
 
 
 @functools.lru_cache(maxsize=64)

@@ -215,6 +215,14 @@ class Planner:
                 values.append(None)
             return slots[name]
 
+        def output_slot(name: str) -> int:
+            """An output the model leaves out ('') gets a slot of its own: slot 0, read for optional inputs
+            left out, must stay None."""
+            if name:
+                return slot(name)
+            values.append(None)
+            return len(values) - 1
+
         for name, array in graph.initializers.items():
             static.add(slot(name))
             values[slots[name]] = array
@@ -226,7 +234,7 @@ class Planner:
         varying: set[int] = set()  # slots whose shape can differ between runs of this signature
         for node in graph.nodes:
             ins = tuple(slot(n) for n in node.inputs)
-            outs = tuple(slot(n) for n in node.outputs)
+            outs = tuple(output_slot(n) for n in node.outputs)
             args = [values[i] for i in ins]
             shape_only = not node.domain and OPS[node.op].shape_only and ins[0] not in varying
             is_static = shape_only or all(i in static for i in ins)

@@ -18,16 +18,12 @@ import onnx
 from onnx import helper, numpy_helper
 
 from ..graph.ir import Dim, Graph, GraphError, Node, Value
-from .dtypes import dtype_name
+from .dtypes import SUPPORTED_DTYPES, dtype_name
 from .errors import ModelLoadError, UnsupportedModelError
 from .ops import OPS, SUPPORTED, LoadContext
 
 MIN_OPSET = 1
 DEFAULT_DOMAINS = ("", "ai.onnx")
-SUPPORTED_DTYPES = frozenset({
-    "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-    "float16", "float32", "float64",
-})  # fmt: skip
 
 
 def load_model(source: Any) -> onnx.ModelProto:
@@ -58,8 +54,10 @@ def load_model(source: Any) -> onnx.ModelProto:
 
 def value_of(info: onnx.ValueInfoProto) -> Value:
     t = info.type
+    if t.WhichOneof("value") is None:  # no type given (subgraphs' outputs often have none): unknown
+        return Value(info.name)
     if not t.HasField("tensor_type"):
-        return Value(info.name, f"non-tensor ({t.WhichOneof('value') or 'unknown'})", None)
+        return Value(info.name, f"non-tensor ({t.WhichOneof('value')})", None)
     tensor = t.tensor_type
     dtype = dtype_name(tensor.elem_type) if tensor.elem_type else None
     shape: tuple[Dim, ...] | None = None
@@ -80,8 +78,6 @@ def _attribute(attr: onnx.AttributeProto) -> Any:
     value = helper.get_attribute_value(attr)
     if attr.type == onnx.AttributeProto.TENSOR:
         return numpy_helper.to_array(value)
-    if attr.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS):
-        return "<subgraph>"
     if isinstance(value, bytes):
         return value.decode("utf-8", "replace")
     if isinstance(value, list):
@@ -201,30 +197,24 @@ def import_model(model: onnx.ModelProto, base_dir: str | None = None) -> Graph:
     opset = opset_of(model)
     if opset < MIN_OPSET:
         raise UnsupportedModelError(f"opset {opset} is too old; the session supports opset {MIN_OPSET} and newer")
-    g = model.graph
+    return _import_graph(model.graph, opset, model, base_dir, subgraph=False)
+
+
+def _import_graph(g: onnx.GraphProto, opset: int, model: onnx.ModelProto, base_dir: str | None,
+                  subgraph: bool) -> Graph:  # fmt: skip
+    """The graph IR of the model's graph or of a subgraph (a control-flow node's attribute, imported with its
+    node): every node checked, old forms rewritten, and for a subgraph the outer values it reads."""
     initializers = {init.name: _tensor(init, base_dir) for init in g.initializer}
     inputs = [value_of(v) for v in g.input if v.name not in initializers]
     outputs = [value_of(v) for v in g.output]
     if not outputs:
-        raise ModelLoadError("the model's graph has no outputs")
+        raise ModelLoadError(f"subgraph '{g.name}' has no outputs" if subgraph else "the model's graph has no outputs")
     values = {v.name: value_of(v) for v in g.value_info}
-    nodes: list[Node] = []
-    for index, proto in enumerate(g.node):
-        try:
-            attrs = {a.name: _attribute(a) for a in proto.attribute}
-        except Exception as exc:
-            raise ModelLoadError(
-                f"node {index} ('{proto.name}', {proto.op_type}): unreadable attribute: {exc}"
-            ) from None
-        name = proto.name or f"{proto.op_type}_{index}"
-        domain = "" if proto.domain in DEFAULT_DOMAINS else proto.domain
-        node = Node(proto.op_type, list(proto.input), list(proto.output), attrs, name, domain)
-        if not node.outputs:
-            raise ModelLoadError(f"{node.describe()} has no outputs")
-        nodes.append(node)
+    nodes = [_node(proto, index, opset, model, base_dir) for index, proto in enumerate(g.node)]
     _check_supported(nodes, inputs, outputs)
     for node in nodes:
         _check_arity(node, opset)
+        node.inputs += node.implicit_inputs()  # after the arity check: the schema counts the declared ones
     graph = Graph([], inputs, outputs, initializers, values, opset, g.name or "graph")
     for node in nodes:
         if node.op == "Constant" and not node.domain:
@@ -233,16 +223,52 @@ def import_model(model: onnx.ModelProto, base_dir: str | None = None) -> Graph:
             graph.initializers[node.outputs[0]] = _checked_constant(node)
         else:
             graph.nodes.append(node)
-    _rewrite_and_check(graph, model)
+    if subgraph:
+        graph.outer = _outer_names(graph)
+    _rewrite_and_check(graph, model, subgraph)
     graph.verify()
     return graph
 
 
-def _rewrite_and_check(graph: Graph, model: onnx.ModelProto) -> None:
+def _node(proto: onnx.NodeProto, index: int, opset: int, model: onnx.ModelProto, base_dir: str | None) -> Node:
+    """One node of the IR; its subgraph attributes imported as graphs."""
+    attrs: dict[str, Any] = {}
+    for attr in proto.attribute:
+        if attr.type == onnx.AttributeProto.GRAPH:
+            attrs[attr.name] = _import_graph(attr.g, opset, model, base_dir, subgraph=True)
+            continue
+        if attr.type == onnx.AttributeProto.GRAPHS:
+            attrs[attr.name] = [_import_graph(sub, opset, model, base_dir, subgraph=True) for sub in attr.graphs]
+            continue
+        try:
+            attrs[attr.name] = _attribute(attr)
+        except Exception as exc:
+            raise ModelLoadError(
+                f"node {index} ('{proto.name}', {proto.op_type}): unreadable attribute: {exc}"
+            ) from None
+    name = proto.name or f"{proto.op_type}_{index}"
+    domain = "" if proto.domain in DEFAULT_DOMAINS else proto.domain
+    node = Node(proto.op_type, list(proto.input), list(proto.output), attrs, name, domain)
+    if not node.outputs:
+        raise ModelLoadError(f"{node.describe()} has no outputs")
+    return node
+
+
+def _outer_names(graph: Graph) -> tuple[str, ...]:
+    """The values a subgraph reads (its nodes, nested subgraphs included, and its outputs) but does not define:
+    those of the graphs around it, in order of first use."""
+    defined = set(graph.initializers) | {v.name for v in graph.inputs}
+    defined |= {out for node in graph.nodes for out in node.outputs if out}
+    read = [name for node in graph.nodes for name in node.inputs] + [v.name for v in graph.outputs]
+    return tuple(dict.fromkeys(name for name in read if name and name not in defined))
+
+
+def _rewrite_and_check(graph: Graph, model: onnx.ModelProto, subgraph: bool = False) -> None:
     """Old-opset forms rewritten (each op record's `upgrade`: attributes that later versions made inputs
     become constant inputs, defaults that changed are written out, legacy broadcasting becomes NumPy's),
     then attribute values the session declines refused (each record's `check`)."""
-    ctx = LoadContext(graph, model, {value.name for value in overridable_initializers(model, graph)})
+    overridable = set() if subgraph else {value.name for value in overridable_initializers(model, graph)}
+    ctx = LoadContext(graph, model, overridable)
     for node in list(graph.nodes):
         upgrade = OPS[node.op].upgrade if not node.domain else None
         if upgrade is not None:
@@ -291,9 +317,7 @@ def _check_supported(nodes: list[Node], inputs: list[Value], outputs: list[Value
             problems.setdefault(f"Cast to {cast_target(node.attrs.get('to'))}", []).append(node.name)
         else:
             for key, value in node.attrs.items():
-                if isinstance(value, str) and value == "<subgraph>":
-                    problems.setdefault(f"{node.op} with a subgraph", []).append(node.name)
-                elif isinstance(value, np.ndarray) and value.dtype.name not in SUPPORTED_DTYPES:
+                if isinstance(value, np.ndarray) and value.dtype.name not in SUPPORTED_DTYPES:
                     problems.setdefault(f"{node.op} attribute '{key}' of dtype {value.dtype.name}", []).append(
                         node.name
                     )

@@ -152,6 +152,7 @@ ATTENTION_FORWARD = OpSchema(
     name="attention_forward",
     inputs=("q", "k", "v", "attn_mask", "lse"),
     optional=frozenset({"attn_mask"}),
+    buffers=frozenset({"lse"}),
     attrs=("is_causal", "scale", "enable_gqa"),
     defaults={"is_causal": False, "scale": None, "enable_gqa": False},
     normalize_attrs=_normalize,
@@ -163,10 +164,11 @@ ATTENTION_FORWARD = OpSchema(
 )
 
 
-def empty_like_backend(x: Any, shape: tuple[int, ...], dtype: str) -> Any:
-    """An uninitialized array on x's device and library (NumPy or torch), sized against the device first."""
+def empty_like_backend(x: Any, shape: tuple[int, ...], dtype: str, what: str) -> Any:
+    """An uninitialized array on x's device and library (NumPy or torch); `what` names it ("attention_forward:
+    lse") in the OutOfMemoryError raised, before anything is allocated, when it cannot fit on the device."""
     device = str(x.device) if is_torch_tensor(x) else "cpu"
-    check_fits("attention_forward: lse", shape, dtype, itemsize(dtype), device)
+    check_fits(what, shape, dtype, itemsize(dtype), device)
     if is_torch_tensor(x):
         import torch
 
@@ -183,6 +185,6 @@ def attention_forward(
         q = as_array(q)
     shape = getattr(q, "shape", ())
     dtype = lse_dtype(str(getattr(q, "dtype", "")).removeprefix("torch."))
-    lse = empty_like_backend(q, (*shape[:-2], shape[-2]) if len(shape) >= 2 else (0,), dtype)
+    lse = empty_like_backend(q, (*shape[:-2], shape[-2]) if len(shape) >= 2 else (0,), dtype, "attention_forward: lse")
     result = run("attention_forward", (q, k, v, attn_mask, lse), (is_causal, scale, enable_gqa), out)
     return result, lse

@@ -8,13 +8,24 @@ import operator
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from ..abi import FLOAT_DTYPES, INT_DTYPES
 from ..context import DispatchContext
 from ..errors import ArgumentError, DTypeError, ShapeError, argument_error, clip
 
 __all__ = [
-    "FLOAT_DTYPES", "INT_DTYPES", "broadcast", "finite_float", "normalize_axis", "numel", "require_dtype_like",
-    "require_float", "require_ndim",
+    "FLOAT_DTYPES",
+    "INT_DTYPES",
+    "broadcast",
+    "finite_float",
+    "int_attribute",
+    "normalize_axis",
+    "numel",
+    "require_dtype_like",
+    "require_float",
+    "require_ndim",
+    "stored_as",
 ]  # fmt: skip
 
 
@@ -52,6 +63,17 @@ def finite_float(op: str, name: str, value: Any, expected: str, minimum: float =
     return number
 
 
+def int_attribute(ctx: DispatchContext, name: str) -> int:
+    """The attribute `name` as an int (NumPy integers too; never a bool, which Python counts as an int)."""
+    raw = ctx.attrs[name]
+    try:
+        if isinstance(raw, bool):
+            raise TypeError
+        return operator.index(raw)
+    except TypeError:
+        raise argument_error(ArgumentError, ctx.op, name, "an int", repr(raw)) from None
+
+
 def normalize_axis(op: str, axis: Any, ndim: int, arg: str = "axis") -> int:
     try:
         if isinstance(axis, bool):
@@ -84,3 +106,14 @@ def broadcast(op: str, shapes: Sequence[tuple[str, tuple[int, ...]]]) -> tuple[i
 
 def numel(shape: Sequence[int]) -> int:
     return math.prod(shape)
+
+
+def stored_as(y: np.ndarray, like: Any) -> np.ndarray:
+    """float64 values `y` as an intermediate stored in `like`'s dtype would hold them (rounded to float16 or
+    float32), for references of ops whose definition rounds on the way; float64 and non-float dtypes
+    (a reference called with float64 copies, say) round nothing."""
+    dtype = np.asarray(like).dtype
+    if dtype.kind != "f" or dtype == np.float64:
+        return y
+    with np.errstate(over="ignore"):
+        return np.asarray(y, np.float64).astype(dtype).astype(np.float64)

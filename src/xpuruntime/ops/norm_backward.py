@@ -18,7 +18,7 @@ from ..dispatch import run
 from ..errors import ShapeError, argument_error
 from ..schema import OpSchema
 from .checks import numel, require_dtype_like
-from .norm import MACHINE_EPSILON, _eps, _infer_dtype, _normalized_shape, eps_as_added
+from .norm import MACHINE_EPSILON, _eps, _infer_dtype, _normalized_shape, eps_as_added, rms_options, rounded_like
 
 
 def _check_dy(ctx: DispatchContext) -> None:
@@ -36,7 +36,8 @@ def _attrs(default_eps: float | None) -> Any:
             raise argument_error(ShapeError, ctx.op, "weight", f"shape {dims} (normalized_shape)",
                                  ctx.tensor("weight").shape)  # fmt: skip
         _check_dy(ctx)
-        return {"normalized_shape": dims, "eps": _eps(ctx, default_eps)}
+        attrs = {"normalized_shape": dims, "eps": _eps(ctx, default_eps)}
+        return {**attrs, **rms_options(ctx)} if "casting" in ctx.attrs else attrs
 
     return normalize
 
@@ -72,18 +73,21 @@ def layer_norm_backward_reference(
 
 
 def rms_norm_backward_reference(
-    dy: Any, x: Any, normalized_shape: Any, weight: Any = None, eps: float | None = None
-) -> np.ndarray:
-    """float64 reference, packed as [dx rows; dweight]; eps=None: the dtype's machine epsilon."""
+    dy: Any, x: Any, normalized_shape: Any, weight: Any = None, eps: float | None = None, offset: float = 0.0,
+    casting: str = "torch",
+) -> np.ndarray:  # fmt: skip
+    """float64 reference, packed as [dx rows; dweight]; eps=None: the dtype's machine epsilon. Under
+    casting="llama" the gradients go through the forward's roundings as autograd takes them: dweight
+    sums dy * round(x_hat), and the weight's gradient w * dy is rounded to x's dtype."""
     eps = eps_as_added(x, MACHINE_EPSILON[np.asarray(x).dtype.name] if eps is None else eps)
     x2, _ = _rows(x, normalized_shape)
     dy2, _ = _rows(dy, normalized_shape)
-    w = 1.0 if weight is None else np.asarray(weight, np.float64).reshape(-1)
+    w = 1.0 if weight is None else np.asarray(weight, np.float64).reshape(-1) + offset
     rstd = 1.0 / np.sqrt((x2**2).mean(axis=1, keepdims=True) + eps)
     xhat = x2 * rstd
-    wdy = dy2 * w
+    wdy = rounded_like(dy2 * w, x, casting)
     dx = (wdy - xhat * (xhat * wdy).mean(axis=1, keepdims=True)) * rstd
-    return np.concatenate([dx, (dy2 * xhat).sum(axis=0)[None]])
+    return np.concatenate([dx, (dy2 * rounded_like(xhat, x, casting)).sum(axis=0)[None]])
 
 
 LAYER_NORM_BACKWARD = OpSchema(
@@ -104,8 +108,8 @@ RMS_NORM_BACKWARD = OpSchema(
     name="rms_norm_backward",
     inputs=("dy", "x", "weight"),
     optional=frozenset({"weight"}),
-    attrs=("normalized_shape", "eps"),
-    defaults={"eps": None},
+    attrs=("normalized_shape", "eps", "offset", "casting"),
+    defaults={"eps": None, "offset": 0.0, "casting": "torch"},
     normalize_attrs=_attrs(None),
     infer_dtype=_infer_dtype,
     infer_shape=_packed_shape(1),
@@ -136,10 +140,10 @@ def layer_norm_backward(
 
 def rms_norm_backward(
     dy: Any, x: Any, normalized_shape: int | tuple[int, ...], weight: Any = None, eps: float | None = None,
-    *, out: Any = None,
+    *, offset: float = 0.0, casting: str = "torch", out: Any = None,
 ) -> tuple[Any, Any]:  # fmt: skip
-    """(dx, dweight) of rms_norm(x, normalized_shape, weight, eps) for upstream gradient dy."""
+    """(dx, dweight) of rms_norm(x, normalized_shape, weight, eps, offset=, casting=) for upstream gradient dy."""
     if type(normalized_shape) is list:
         normalized_shape = tuple(normalized_shape)
-    packed = run("rms_norm_backward", (dy, x, weight), (normalized_shape, eps), out)
+    packed = run("rms_norm_backward", (dy, x, weight), (normalized_shape, eps, offset, casting), out)
     return unpack(packed, tuple(np.shape(x)), normalized_shape)

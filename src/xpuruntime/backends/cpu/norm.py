@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -46,15 +48,12 @@ def _aliases(out: np.ndarray, *params: np.ndarray | None) -> bool:
     return any(p is not None and np.may_share_memory(out, p) for p in params)
 
 
-@kernel("layer_norm", "numpy", backend="cpu", dtypes=CPU_FLOAT_DTYPES, priority=10)
-def layer_norm_numpy(args: ArgPack) -> None:
-    """Mean, then variance of the centered values (no E[x^2]-E[x]^2 cancellation), computed in `out`
-    when it has the compute dtype. In-place safe."""
-    x, weight, bias = args.inputs
-    out = args.out
+def layer_norm_into(out: np.ndarray, x: np.ndarray, weight: np.ndarray | None, bias: np.ndarray | None,
+                    eps: float, axes: tuple[int, ...]) -> None:  # fmt: skip
+    """Layer norm of x over `axes` into `out`: mean, then variance of the centered values (no
+    E[x^2]-E[x]^2 cancellation), computed in `out` when it has the compute dtype. In-place safe."""
     if out.size == 0:
         return
-    axes = _axes(x, args.attrs["normalized_shape"])
     cdt = compute_dtype(x.dtype)
     inv_n = cdt.type(1.0 / math.prod(x.shape[a] for a in axes))
     mean = _sum(x, axes, cdt)
@@ -66,17 +65,37 @@ def layer_norm_numpy(args: ArgPack) -> None:
     np.subtract(x, mean, out=y)
     rstd = _sum_of_squares(y, axes)
     rstd *= inv_n
-    rstd += cdt.type(args.attrs["eps"])
+    rstd += cdt.type(eps)
     np.sqrt(rstd, out=rstd)
     np.reciprocal(rstd, out=rstd)
     y *= rstd
     _affine_into(out, y, weight, bias)
 
 
+def rms_norm_into(out: np.ndarray, x: np.ndarray, weight: np.ndarray | None, attrs: Mapping[str, Any],
+                  axes: tuple[int, ...]) -> None:  # fmt: skip
+    """x / sqrt(mean(x^2) + eps) * (weight + offset) into `out`, rounded to x's dtype before the weight
+    under casting="llama" (ops/norm.py). In-place safe."""
+    xf = as_compute(x)
+    mean_square = np.mean(np.square(xf), axis=axes, keepdims=True)
+    y = xf * (1.0 / np.sqrt(mean_square + attrs["eps"]))
+    if attrs["casting"] == "llama" and x.dtype != y.dtype:
+        with np.errstate(over="ignore"):
+            y = y.astype(x.dtype).astype(y.dtype)
+    if weight is not None and attrs["offset"]:
+        weight = as_compute(weight) + y.dtype.type(attrs["offset"])
+    _affine_into(out, y, weight, None)
+
+
+@kernel("layer_norm", "numpy", backend="cpu", dtypes=CPU_FLOAT_DTYPES, priority=10)
+def layer_norm_numpy(args: ArgPack) -> None:
+    """Mean, then variance of the centered values (no E[x^2]-E[x]^2 cancellation). In-place safe."""
+    x, weight, bias = args.inputs
+    layer_norm_into(args.out, x, weight, bias, args.attrs["eps"], _axes(x, args.attrs["normalized_shape"]))
+
+
 @kernel("rms_norm", "numpy", backend="cpu", dtypes=CPU_FLOAT_DTYPES, priority=10)
 def rms_norm_numpy(args: ArgPack) -> None:
-    """x / sqrt(mean(x^2) + eps) * weight. In-place safe."""
+    """x / sqrt(mean(x^2) + eps) * (weight + offset). In-place safe."""
     x, weight = args.inputs
-    xf = as_compute(x)
-    mean_square = np.mean(np.square(xf), axis=_axes(x, args.attrs["normalized_shape"]), keepdims=True)
-    _affine_into(args.out, xf * (1.0 / np.sqrt(mean_square + args.attrs["eps"])), weight, None)
+    rms_norm_into(args.out, x, weight, args.attrs, _axes(x, args.attrs["normalized_shape"]))

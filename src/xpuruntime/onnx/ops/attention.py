@@ -3,7 +3,7 @@ or 4-D (B, H, S, D) inputs, grouped-query heads, a boolean or additive mask (sho
 masked), is_causal aligned to the end of a past key/value cache (or per batch with nonpad_kv_seqlen), sliding
 windows, softcap, the qk_matmul_output modes and softmax_precision. Rows with every key masked give 0.
 
-One algorithm serves both paths: `_Numpy` and `_Torch` give it the few array functions whose names differ."""
+One algorithm serves both paths (arrays.py gives it the few array functions whose names differ)."""
 
 from __future__ import annotations
 
@@ -15,113 +15,15 @@ import onnx
 
 from ...errors import ShapeError
 from ...graph.ir import Node
-from .record import itemsize, op, torch, torch_dtype
+from .arrays import NUMPY, TORCH
+from .record import itemsize, op
 
 QK_MODES = (0, 1, 2, 3)  # the qk output: as multiplied (softcapped), the same, with the mask added, after softmax
 
 
-class _Numpy:
-    @staticmethod
-    def cat(a: Any, b: Any) -> Any:
-        return np.concatenate((a, b), axis=2)
-
-    @staticmethod
-    def repeat_heads(x: Any, n: int) -> Any:
-        return np.repeat(x, n, axis=1)
-
-    @staticmethod
-    def permute(x: Any, axes: tuple) -> Any:
-        return np.transpose(x, axes)
-
-    @staticmethod
-    def host(array: np.ndarray, like: Any) -> Any:
-        return array.astype(like.dtype)
-
-    @staticmethod
-    def cast(x: Any, like: Any) -> Any:
-        return np.asarray(x).astype(like.dtype, copy=False)
-
-    @staticmethod
-    def to_dtype(x: Any, name: str) -> Any:
-        return x.astype(name)
-
-    @staticmethod
-    def pad_keys(mask: Any, n: int) -> Any:
-        fill = False if mask.dtype == np.bool_ else -np.inf
-        return np.pad(mask, [(0, 0)] * (mask.ndim - 1) + [(0, n)], constant_values=fill)
-
-    @staticmethod
-    def is_bool(x: Any) -> bool:
-        return x.dtype == np.bool_
-
-    where, tanh, exp, isneginf = np.where, np.tanh, np.exp, np.isneginf
-
-    @staticmethod
-    def amax(x: Any) -> Any:
-        return np.max(x, axis=-1, keepdims=True)
-
-    @staticmethod
-    def sum(x: Any) -> Any:
-        return np.sum(x, axis=-1, keepdims=True)
-
-
-class _Torch:
-    @staticmethod
-    def cat(a: Any, b: Any) -> Any:
-        return torch.cat((a, b), dim=2)
-
-    @staticmethod
-    def repeat_heads(x: Any, n: int) -> Any:
-        return torch.repeat_interleave(x, n, dim=1)
-
-    @staticmethod
-    def permute(x: Any, axes: tuple) -> Any:
-        return x.permute(*axes)
-
-    @staticmethod
-    def host(array: np.ndarray, like: Any) -> Any:
-        return torch.from_numpy(np.ascontiguousarray(array)).to(like.device, like.dtype)
-
-    @staticmethod
-    def cast(x: Any, like: Any) -> Any:
-        return x.to(like.dtype)
-
-    @staticmethod
-    def to_dtype(x: Any, name: str) -> Any:
-        return x.to(torch_dtype(name))
-
-    @staticmethod
-    def pad_keys(mask: Any, n: int) -> Any:
-        fill = False if mask.dtype == torch.bool else float("-inf")
-        return torch.nn.functional.pad(mask, (0, n), value=fill)
-
-    @staticmethod
-    def is_bool(x: Any) -> bool:
-        return x.dtype == torch.bool
-
-    @staticmethod
-    def where(c: Any, a: Any, b: Any) -> Any:
-        return torch.where(c, a, b)
-
-    @staticmethod
-    def tanh(x: Any) -> Any:
-        return torch.tanh(x)
-
-    @staticmethod
-    def exp(x: Any) -> Any:
-        return torch.exp(x)
-
-    @staticmethod
-    def isneginf(x: Any) -> Any:
-        return torch.isneginf(x)
-
-    @staticmethod
-    def amax(x: Any) -> Any:
-        return torch.amax(x, dim=-1, keepdim=True)
-
-    @staticmethod
-    def sum(x: Any) -> Any:
-        return torch.sum(x, dim=-1, keepdim=True)
+def _constant(xp: Any, array: np.ndarray, like: Any) -> Any:
+    """A host array as an array of like's kind, device and dtype."""
+    return xp.cast(xp.from_host(np.asarray(array), like), like.dtype)
 
 
 def _heads(xp: Any, x: Any, heads: int | None, what: str) -> Any:
@@ -162,22 +64,22 @@ def attention(xp: Any, node: Node, q: Any, k: Any, v: Any, mask: Any = None, pas
     scale = at.get("scale")
     root = _dtype(q).type(math.sqrt(1 / math.sqrt(q.shape[3]) if scale is None else scale))  # rounded as Q's
     root = root if isinstance(q, np.ndarray) else float(root)
-    present_k = k if past_k is None else xp.cat(past_k, k)
-    present_v = v if past_v is None else xp.cat(past_v, v)
+    present_k = k if past_k is None else xp.concat([past_k, k], 2)
+    present_v = v if past_v is None else xp.concat([past_v, v], 2)
     q_len, kv_len = q.shape[2], present_k.shape[2]
     if q.shape[1] != present_k.shape[1]:
         if q.shape[1] % present_k.shape[1]:
             raise ShapeError(f"Attention: {q.shape[1]} query heads do not group over {present_k.shape[1]} key heads")
-        k_all = xp.repeat_heads(present_k, q.shape[1] // present_k.shape[1])
-        v_all = xp.repeat_heads(present_v, q.shape[1] // present_k.shape[1])
+        k_all = xp.repeat(present_k, q.shape[1] // present_k.shape[1], 1)
+        v_all = xp.repeat(present_v, q.shape[1] // present_k.shape[1], 1)
     else:
         k_all, v_all = present_k, present_v
-    zero, minus_inf = xp.host(np.zeros(()), q), xp.host(np.array(-np.inf), q)
-    bias = xp.host(np.zeros((q_len, kv_len)), q)
+    zero, minus_inf = _constant(xp, np.zeros(()), q), _constant(xp, np.array(-np.inf), q)
+    bias = _constant(xp, np.zeros((q_len, kv_len)), q)
     if mask is not None:
         if mask.shape[-1] < kv_len:
-            mask = xp.pad_keys(mask, kv_len - mask.shape[-1])
-        bias = bias + (xp.where(mask, zero, minus_inf) if xp.is_bool(mask) else xp.cast(mask, q))
+            mask = xp.pad_last(mask, kv_len - mask.shape[-1], False if mask.dtype == xp.dtype("bool") else -np.inf)
+        bias = bias + (xp.where(mask, zero, minus_inf) if mask.dtype == xp.dtype("bool") else xp.cast(mask, q.dtype))
     left, right = int(at.get("left_window_size", -1)), int(at.get("right_window_size", -1))
     causal = bool(at.get("is_causal", 0))
     if causal or left >= 0 or right >= 0:
@@ -186,10 +88,11 @@ def attention(xp: Any, node: Node, q: Any, k: Any, v: Any, mask: Any = None, pas
             if nonpad is not None and past_k is None
             else (0 if past_k is None else past_k.shape[2])
         )
-        bias = bias + xp.where(xp.host(_allowed(q_len, kv_len, offset, left, right, causal), q) > 0, zero, minus_inf)
+        allowed = _constant(xp, _allowed(q_len, kv_len, offset, left, right, causal), q)
+        bias = bias + xp.where(allowed > 0, zero, minus_inf)
     if nonpad is not None:
         keep = np.arange(kv_len) < np.asarray(_host(nonpad)).reshape(-1, 1)
-        bias = bias + xp.where(xp.host(keep.reshape(-1, 1, 1, kv_len), q) > 0, zero, minus_inf)
+        bias = bias + xp.where(_constant(xp, keep.reshape(-1, 1, 1, kv_len), q) > 0, zero, minus_inf)
     qk = (q * root) @ xp.permute(k_all * root, (0, 1, 3, 2))
     softcap = at.get("softcap")
     if softcap is not None and softcap > 0:
@@ -199,20 +102,20 @@ def attention(xp: Any, node: Node, q: Any, k: Any, v: Any, mask: Any = None, pas
     qk_out = scores if mode == 2 else qk
     precision = at.get("softmax_precision")
     if precision is not None:
-        scores = xp.to_dtype(scores, np.dtype(onnx.helper.tensor_dtype_to_np_dtype(precision)).name)
-    top = xp.amax(scores)
+        scores = xp.cast(scores, xp.dtype(np.dtype(onnx.helper.tensor_dtype_to_np_dtype(precision)).name))
+    top = xp.amax(scores, (-1,))
     masked_row = xp.isneginf(top)
-    e = xp.exp(scores - xp.where(masked_row, xp.cast(zero, scores), top))
-    total = xp.sum(e)
-    probs = e / xp.where(total == 0, xp.cast(zero, total) + 1, total)
-    probs = xp.where(xp.isneginf(xp.amax(bias)), xp.cast(zero, probs), probs)
+    e = xp.exp(scores - xp.where(masked_row, xp.cast(zero, scores.dtype), top))
+    total = xp.sum(e, (-1,))
+    probs = e / xp.where(total == 0, xp.cast(zero, total.dtype) + 1, total)
+    probs = xp.where(xp.isneginf(xp.amax(bias, (-1,))), xp.cast(zero, probs.dtype), probs)
     if mode == 3:
         qk_out = probs
-    y = xp.cast(probs, q) @ v_all
+    y = xp.cast(probs, q.dtype) @ v_all
     if three_d:
         y = xp.permute(y, (0, 2, 1, 3))
         y = y.reshape(y.shape[0], y.shape[1], -1)
-    return y, present_k, present_v, xp.cast(qk_out, q)
+    return y, present_k, present_v, xp.cast(qk_out, q.dtype)
 
 
 def _dtype(x: Any) -> Any:
@@ -231,6 +134,6 @@ def attention_size(node: Node, args: list, opset: int) -> tuple[tuple[int, ...],
     return (q.shape[0], heads, q.shape[-2], k.shape[-2] + past), itemsize(q)
 
 
-op("Attention", lambda node, opset: lambda *args: attention(_Numpy, node, *args),
-   lambda node, opset: lambda *args: attention(_Torch, node, *args), tuple_output=True, host_inputs=(6,),
+op("Attention", lambda node, opset: lambda *args: attention(NUMPY, node, *args),
+   lambda node, opset: lambda *args: attention(TORCH, node, *args), tuple_output=True, host_inputs=(6,),
    size=attention_size)  # fmt: skip

@@ -1,5 +1,5 @@
 """Convolutions: Conv and ConvTranspose in 1, 2 and 3 spatial dims, with groups, dilations, strides, pads and
-auto_pad, and a bias.
+auto_pad, and a bias; Col2Im (ConvTranspose's scatter of blocks) and DeformConv (taps moved by offsets).
 
 On the CPU they run through PyTorch's CPU kernels when PyTorch is installed (`CPU_TORCH`), else as im2col +
 one batched BLAS matmul per group (Conv) or a matmul + col2im scatter (ConvTranspose) in NumPy; the GPU path
@@ -18,7 +18,7 @@ import numpy as np
 
 from ...errors import ShapeError
 from ...graph.ir import Node
-from .record import F, Fn, itemsize, op, torch
+from .record import F, Fn, ints, itemsize, on_host, op, torch
 from .window import Window, check_auto_pad, numpy_windows, torch_pad_widths, window
 
 CPU_TORCH = importlib.util.find_spec("torch") is not None  # the CPU path's fast kernels (tests turn it off)
@@ -227,55 +227,113 @@ def conv_transpose_size(node: Node, args: list, opset: int) -> tuple[tuple[int, 
 op("ConvTranspose", conv_transpose, conv_transpose_torch, check=check_auto_pad, size=conv_transpose_size)
 
 
-# -- Col2Im and MaxUnpool (NumPy; the GPU path runs them on the host) -------------------------------------------------
+# -- Col2Im -----------------------------------------------------------------------------------------------------------
+def col2im_window(node: Node, shape: tuple[int, ...], image: Any, block: Any) -> tuple[Window, list[int], int]:
+    """The sliding window of Col2Im's blocks over the (padded) image, the image dims and the channel count."""
+    dims, kernel = ints(image), ints(block)
+    if len(shape) != 3 or len(dims) != len(kernel) or not dims or any(k < 1 for k in kernel):
+        raise ShapeError(f"Col2Im: input {tuple(shape)} must be (N, C * prod(block), L) and image_shape {dims} / "
+                         f"block_shape {kernel} of one length")  # fmt: skip
+    win = window(node, tuple(dims), tuple(kernel))
+    per_block = math.prod(kernel)
+    if shape[1] % per_block or shape[2] != math.prod(win.out):
+        raise ShapeError(f"Col2Im: input {tuple(shape)} must hold C * {per_block} rows and {math.prod(win.out)} "
+                         f"blocks (the sliding positions of {kernel} over {dims})")  # fmt: skip
+    return win, dims, shape[1] // per_block
+
+
 def col2im(node: Node, opset: int) -> Fn:
-    """Columns (N, C * prod(block), L) summed back into an image (N, C, *image_shape), as ConvTranspose does."""
+    """Each block's values added back where the block sits in the padded image, then the pads cut off."""
 
-    def run(x: np.ndarray, image: np.ndarray, block: np.ndarray) -> np.ndarray:
-        image, block = [int(v) for v in image.reshape(-1)], [int(v) for v in block.reshape(-1)]
-        n = len(image)
-        at = node.attrs
-        strides, dilations = list(at.get("strides") or [1] * n), list(at.get("dilations") or [1] * n)
-        pads = list(at.get("pads") or [0] * (2 * n))
-        cols = [(i + pads[d] + pads[n + d] - ((k - 1) * dilations[d] + 1)) // strides[d] + 1
-                for d, (i, k) in enumerate(zip(image, block))]  # fmt: skip
-        if x.shape[1] % math.prod(block) or x.shape[2] != math.prod(cols):
-            raise ShapeError(f"Col2Im: input {x.shape} does not fit blocks {block} over image {image}")
-        channels = x.shape[1] // math.prod(block)
-        data = x.reshape(x.shape[0], channels, *block, *cols)
-        full = [i + pads[d] + pads[n + d] for d, i in enumerate(image)]
-        y = np.zeros((x.shape[0], channels, *full), x.dtype)
-        for tap in itertools.product(*(range(k) for k in block)):
-            index = tuple(slice(t * d, t * d + (c - 1) * s + 1, s) for t, d, c, s in zip(tap, dilations, cols, strides))
-            y[(slice(None), slice(None), *index)] += data[(slice(None), slice(None), *tap)]
-        return y[(slice(None), slice(None), *(slice(pads[d], pads[d] + i) for d, i in enumerate(image)))]
+    def run(cols: np.ndarray, image: Any, block: Any) -> np.ndarray:
+        win, dims, channels = col2im_window(node, cols.shape, image, block)
+        work = cols.astype(np.float32) if cols.dtype == np.float16 else cols
+        blocks = work.reshape(cols.shape[0], channels, *win.kernel, *win.out)
+        padded = [d + b + e for d, b, e in zip(dims, win.begin, win.end)]
+        y = np.zeros((cols.shape[0], channels, *padded), work.dtype)
+        for tap in itertools.product(*(range(k) for k in win.kernel)):
+            index = tuple(slice(t * d, t * d + (o - 1) * s + 1, s)
+                          for t, d, o, s in zip(tap, win.dilations, win.out, win.strides))  # fmt: skip
+            y[(slice(None), slice(None), *index)] += blocks[(slice(None), slice(None), *tap)]
+        crop = tuple(slice(b, b + d) for b, d in zip(win.begin, dims))
+        return y[(slice(None), slice(None), *crop)].astype(cols.dtype)
 
     return run
 
 
-op("Col2Im", col2im, shape_inputs=(1, 2))
+def col2im_torch(node: Node, opset: int) -> Fn:
+    """F.fold for 2-D images; host copies for other ranks."""
+    host = on_host(col2im)(node, opset)
 
-
-def max_unpool(node: Node, opset: int) -> Fn:
-    """Values put back where MaxPool's Indices say, in the shape pooling came from; a larger output_shape
-    holds that at its start."""
-
-    def run(x: np.ndarray, indices: np.ndarray, shape: Any = None) -> np.ndarray:
-        n = x.ndim - 2
-        kernel, at = list(node.attrs["kernel_shape"]), node.attrs
-        strides, pads = list(at.get("strides") or [1] * n), list(at.get("pads") or [0] * (2 * n))
-        spatial = [(i - 1) * s + k - pads[d] - pads[n + d]
-                   for d, (i, s, k) in enumerate(zip(x.shape[2:], strides, kernel))]  # fmt: skip
-        inferred = [*x.shape[:2], *spatial]
-        y = np.zeros(math.prod(inferred), x.dtype)
-        y[np.asarray(indices, np.int64).reshape(-1)] = x.reshape(-1)
-        if shape is None:
-            return y.reshape(inferred)
-        out = np.zeros([int(v) for v in np.asarray(shape).reshape(-1)], x.dtype)
-        out[tuple(slice(0, i) for i in inferred)] = y.reshape(inferred)
-        return out
+    def run(cols: Any, image: Any, block: Any) -> Any:
+        win, dims, _ = col2im_window(node, tuple(cols.shape), image, block)
+        if len(dims) != 2 or win.begin != win.end:
+            return host(cols, image, block)
+        return F.fold(cols, dims, win.kernel, dilation=win.dilations, padding=win.begin, stride=win.strides)
 
     return run
 
 
-op("MaxUnpool", max_unpool, shape_inputs=(2,))
+def col2im_size(node: Node, args: list, opset: int) -> tuple[tuple[int, ...], int]:
+    _, dims, channels = col2im_window(node, tuple(args[0].shape), args[1], args[2])
+    return (args[0].shape[0], channels, *dims), itemsize(args[0])
+
+
+op("Col2Im", col2im, col2im_torch, shape_inputs=(1, 2), size=col2im_size)
+
+
+# -- DeformConv -------------------------------------------------------------------------------------------------------
+def _tap_positions(win: Window) -> np.ndarray:
+    """Where each kernel tap of each output position reads the unpadded input before its offset:
+    (rank, taps, positions)."""
+    rank = len(win.out)
+    grid = np.stack(np.meshgrid(*(np.arange(o) for o in win.out), indexing="ij")).reshape(rank, 1, -1)
+    kernel = np.stack(np.meshgrid(*(np.arange(k) for k in win.kernel), indexing="ij")).reshape(rank, -1, 1)
+    column = lambda values: np.array(values).reshape(rank, 1, 1)  # noqa: E731
+    return grid * column(win.strides) - column(win.begin) + kernel * column(win.dilations)
+
+
+def _bilinear(flat: np.ndarray, at: np.ndarray, spatial: list[int]) -> np.ndarray:
+    """flat (N, G, C, prod(spatial)) read at the points `at` (N, G, rank, P), each the blend of its 2^rank
+    neighbours (0 outside the input): (N, G, C, P)."""
+    rank = at.shape[2]
+    size = np.array(spatial).reshape(1, 1, rank, 1)
+    low = np.floor(at).astype(np.int64)
+    out = np.zeros((*flat.shape[:3], at.shape[3]))
+    for corner in itertools.product((0, 1), repeat=rank):
+        index = low + np.array(corner).reshape(1, 1, rank, 1)
+        weight = np.prod(1 - np.abs(at - index), axis=2) * np.all((index >= 0) & (index < size), axis=2)
+        where = np.ravel_multi_index(tuple(np.moveaxis(np.clip(index, 0, size - 1), 2, 0)), spatial)
+        out += np.take_along_axis(flat, where[:, :, None, :], axis=3) * weight[:, :, None, :]
+    return out
+
+
+def deform_conv(node: Node, opset: int) -> Fn:
+    """Each kernel tap reads the input at its place in the window moved by its offset (bilinear, 0 outside),
+    scaled by its mask; the taps then meet the weights in one matmul per group, as Conv's columns do."""
+    offset_groups = int(node.attrs.get("offset_group", 1))
+
+    def run(x: np.ndarray, w: np.ndarray, offset: np.ndarray, b: Any = None, mask: Any = None) -> np.ndarray:
+        win, group = conv_window(node, x, w)
+        n, c, *spatial = x.shape
+        rank, taps, positions = len(spatial), math.prod(win.kernel), math.prod(win.out)
+        if c % offset_groups or offset.shape != (n, offset_groups * taps * rank, *win.out):
+            raise ShapeError(f"DeformConv: offset {offset.shape} must be {(n, offset_groups * taps * rank, *win.out)} "
+                             f"and the {c} channels divisible by offset_group {offset_groups}")  # fmt: skip
+        if mask is not None and mask.shape != (n, offset_groups * taps, *win.out):
+            raise ShapeError(f"DeformConv: mask {mask.shape} must be {(n, offset_groups * taps, *win.out)}")
+        moves = offset.astype(np.float64).reshape(n, offset_groups, taps, rank, positions).swapaxes(2, 3)
+        at = (_tap_positions(win)[None, None] + moves).reshape(n, offset_groups, rank, taps * positions)
+        flat = x.astype(np.float64).reshape(n, offset_groups, c // offset_groups, -1)
+        cols = _bilinear(flat, at, spatial)
+        if mask is not None:
+            cols *= mask.astype(np.float64).reshape(n, offset_groups, 1, -1)
+        cols = cols.reshape(n, group, (c // group) * taps, positions)
+        y = np.einsum("gmk,ngkp->ngmp", w.astype(np.float64).reshape(group, w.shape[0] // group, -1), cols)
+        y = y.reshape(n, w.shape[0], *win.out)
+        return (y if b is None else y + b.reshape(-1, *(1,) * rank)).astype(x.dtype)
+
+    return run
+
+
+op("DeformConv", deform_conv, check=check_auto_pad)

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from ...backends.cpu.fused_elementwise import erf
+from ...errors import ShapeError
 from ...graph.ir import GraphError, Node
 from ..errors import UnsupportedModelError
 from .record import Builder, F, Fn, LoadContext, broadcast_size, op, torch, torch_dtype
@@ -43,6 +44,9 @@ for _name, _numpy, _torch in (
     ("Neg", np.negative, "torch.neg"), ("Abs", np.abs, "torch.abs"), ("Sigmoid", _sigmoid, "torch.sigmoid"),
     ("Floor", np.floor, "torch.floor"), ("Ceil", np.ceil, "torch.ceil"), ("Sin", np.sin, "torch.sin"),
     ("Cos", np.cos, "torch.cos"), ("Sign", np.sign, "torch.sign"), ("Erf", erf, "torch.erf"),
+    ("Tan", np.tan, "torch.tan"), ("Asin", np.arcsin, "torch.asin"), ("Acos", np.arccos, "torch.acos"),
+    ("Atan", np.arctan, "torch.atan"), ("Sinh", np.sinh, "torch.sinh"), ("Cosh", np.cosh, "torch.cosh"),
+    ("Asinh", np.arcsinh, "torch.asinh"), ("Acosh", np.arccosh, "torch.acosh"), ("Atanh", np.arctanh, "torch.atanh"),
 ):  # fmt: skip
     op(_name, _keep_dtype(_numpy), _lazy(_torch))
 
@@ -50,6 +54,27 @@ op("Relu", lambda node, opset: lambda x: np.maximum(x, x.dtype.type(0)), _lazy("
 op("Identity", _plain(lambda x: x), _plain(lambda x: x))
 op("Not", _plain(np.logical_not), _lazy("torch.logical_not"))
 op("IsNaN", _plain(np.isnan), _lazy("torch.isnan"))
+
+
+def is_inf(node: Node, opset: int) -> Fn:
+    negative, positive = node.attrs.get("detect_negative", 1), node.attrs.get("detect_positive", 1)
+    if negative and positive:
+        return lambda x: np.isinf(x)
+    if positive or negative:
+        return np.isposinf if positive else np.isneginf
+    return lambda x: np.zeros(x.shape, bool)
+
+
+def is_inf_torch(node: Node, opset: int) -> Fn:
+    negative, positive = node.attrs.get("detect_negative", 1), node.attrs.get("detect_positive", 1)
+    if negative and positive:
+        return torch.isinf
+    if positive or negative:
+        return torch.isposinf if positive else torch.isneginf
+    return lambda x: torch.zeros(x.shape, dtype=torch.bool, device=x.device)
+
+
+op("IsInf", is_inf, is_inf_torch)
 
 
 def gelu(node: Node, opset: int) -> Fn:
@@ -84,6 +109,16 @@ def _selu(where: Callable, expm1: Callable) -> Callable[[Any, dict], Any]:
     )
 
 
+def _shrink(where: Callable) -> Callable[[Any, dict], Any]:
+    """x - bias above lambd, x + bias below -lambd, 0 between."""
+
+    def shrink(x: Any, a: dict) -> Any:
+        lambd, bias = a.get("lambd", 0.5), a.get("bias", 0.0)
+        return where(x < -lambd, x + bias, where(x > lambd, x - bias, x * 0))
+
+    return shrink
+
+
 def _celu(x: np.ndarray, a: dict) -> np.ndarray:
     alpha = a.get("alpha", 1.0)
     return np.maximum(x, 0) + np.minimum(0, alpha * np.expm1(x / alpha))
@@ -115,6 +150,12 @@ ACTIVATIONS: dict[str, tuple[Callable, Callable]] = {
         lambda x, a: torch.where(x > a.get("alpha", 1.0), x, torch.zeros_like(x)),
     ),
     "Round": (lambda x, a: np.round(x), lambda x, a: torch.round(x)),
+    "Mish": (lambda x, a: x * np.tanh(np.logaddexp(0, x)), lambda x, a: F.mish(x)),
+    "Swish": (
+        lambda x, a: x * _sigmoid(x * x.dtype.type(a.get("alpha", 1.0))),
+        lambda x, a: x * torch.sigmoid(x * a.get("alpha", 1.0)),
+    ),
+    "Shrink": (_shrink(np.where), lambda x, a: _shrink(torch.where)(x, a).to(x.dtype)),
 }
 
 
@@ -156,6 +197,36 @@ def prelu_torch(node: Node, opset: int) -> Fn:
 
 
 op("PRelu", prelu, prelu_torch, size=broadcast_size)
+
+
+def swiglu(node: Node, opset: int) -> Fn:
+    """Swish(A) * B, A and B of one shape (no broadcasting)."""
+    alpha = node.attrs.get("alpha", 1.0)
+
+    def run(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        _same_shape("SwiGLU", a, b)
+        return (a * _sigmoid(a * a.dtype.type(alpha)) * b).astype(a.dtype, copy=False)
+
+    return run
+
+
+def swiglu_torch(node: Node, opset: int) -> Fn:
+    alpha = node.attrs.get("alpha", 1.0)
+
+    def run(a: Any, b: Any) -> Any:
+        _same_shape("SwiGLU", a, b)
+        return F.silu(a) * b if alpha == 1.0 else a * torch.sigmoid(a * alpha) * b
+
+    return run
+
+
+def _same_shape(op_name: str, a: Any, b: Any) -> None:
+    if tuple(a.shape) != tuple(b.shape):
+        raise ShapeError(f"{op_name}: A and B must have one shape (no broadcasting), got {tuple(a.shape)} "
+                         f"and {tuple(b.shape)}")  # fmt: skip
+
+
+op("SwiGLU", swiglu, swiglu_torch)
 
 
 # -- binary ops and their legacy broadcasting ----------------------------------------------------------------
@@ -308,76 +379,3 @@ def cast_torch(node: Node, opset: int) -> Fn:
 
 op("Cast", cast, cast_torch)
 op("CastLike", _plain(lambda x, like: x.astype(like.dtype)), _plain(lambda x, like: x.to(like.dtype)))
-
-
-# -- more math: trigonometry, IsInf, Swish, Mish, Shrink -----------------------------------------------------------
-for _name, _numpy, _torch in (
-    ("Tan", np.tan, "torch.tan"), ("Asin", np.arcsin, "torch.asin"), ("Acos", np.arccos, "torch.acos"),
-    ("Atan", np.arctan, "torch.atan"), ("Sinh", np.sinh, "torch.sinh"), ("Cosh", np.cosh, "torch.cosh"),
-    ("Asinh", np.arcsinh, "torch.asinh"), ("Acosh", np.arccosh, "torch.acosh"), ("Atanh", np.arctanh, "torch.atanh"),
-):  # fmt: skip
-    op(_name, _keep_dtype(_numpy), _lazy(_torch))
-
-
-def is_inf(node: Node, opset: int) -> Fn:
-    negative, positive = bool(node.attrs.get("detect_negative", 1)), bool(node.attrs.get("detect_positive", 1))
-
-    def run(x: Any) -> Any:
-        module = np if isinstance(x, np.ndarray) else torch
-        found = module.isinf(x)
-        if not negative:
-            found = found & (x > 0)
-        if not positive:
-            found = found & (x < 0)
-        return found
-
-    return run
-
-
-op("IsInf", is_inf, is_inf)
-op("Swish", lambda node, opset: lambda x: (x * _sigmoid(x * node.attrs.get("alpha", 1.0))).astype(x.dtype),
-   lambda node, opset: lambda x: x * torch.sigmoid(x * node.attrs.get("alpha", 1.0)))  # fmt: skip
-op("Mish", _keep_dtype(lambda x: x * np.tanh(np.logaddexp(0, x))), lambda node, opset: F.mish)
-
-
-def shrink(node: Node, opset: int) -> Fn:
-    bias, lambd = float(node.attrs.get("bias", 0.0)), float(node.attrs.get("lambd", 0.5))
-
-    def run(x: Any) -> Any:
-        if isinstance(x, np.ndarray):
-            return np.where(x < -lambd, x + bias, np.where(x > lambd, x - bias, 0)).astype(x.dtype)
-        return torch.where(x < -lambd, x + bias, torch.where(x > lambd, x - bias, torch.zeros_like(x)))
-
-    return run
-
-
-op("Shrink", shrink, shrink)
-
-
-# -- bitwise ops -----------------------------------------------------------------------------------------------------
-op("BitwiseAnd", _plain(np.bitwise_and), _lazy("torch.bitwise_and"), size=broadcast_size)
-op("BitwiseOr", _plain(np.bitwise_or), _lazy("torch.bitwise_or"), size=broadcast_size)
-op("BitwiseXor", _plain(np.bitwise_xor), _lazy("torch.bitwise_xor"), size=broadcast_size)
-op("BitwiseNot", _plain(np.bitwise_not), _lazy("torch.bitwise_not"))
-
-
-def bit_shift(node: Node, opset: int) -> Fn:
-    left = node.attrs.get("direction") == "LEFT"
-
-    def run(x: Any, n: Any) -> Any:
-        if isinstance(x, np.ndarray):
-            return (np.left_shift(x, n) if left else np.right_shift(x, n)).astype(x.dtype, copy=False)
-        return torch.bitwise_left_shift(x, n) if left else torch.bitwise_right_shift(x, n)
-
-    return run
-
-
-def check_direction(node: Node, ctx: LoadContext) -> None:
-    if node.attrs.get("direction") not in ("LEFT", "RIGHT"):
-        raise UnsupportedModelError(
-            f"{node.describe()}: attribute direction={node.attrs.get('direction')!r} is not supported; "
-            "supported: LEFT, RIGHT"
-        )
-
-
-op("BitShift", bit_shift, bit_shift, check=check_direction, size=broadcast_size)

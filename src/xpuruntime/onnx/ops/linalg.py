@@ -1,4 +1,4 @@
-"""Matrix ONNX ops: MatMul (through the selector's matmul kernels), Gemm, Einsum, Trilu."""
+"""Matrix ONNX ops: MatMul (through the selector's matmul kernels), Gemm, Einsum, Trilu, Det."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from ...errors import ShapeError
 from ...graph.ir import Node
 from .record import Fn, Lowered, ints, is_float, itemsize, op, torch
 
@@ -90,3 +91,25 @@ def trilu_torch(node: Node, opset: int) -> Fn:
 
 
 op("Trilu", trilu, trilu_torch, host_inputs=(1,))
+
+
+def det(node: Node, opset: int) -> Fn:
+    def run(x: np.ndarray) -> np.ndarray:
+        if x.ndim < 2 or x.shape[-1] != x.shape[-2]:
+            raise ShapeError(f"Det: expected square matrices in the last two dims, got shape {x.shape}")
+        return np.linalg.det(x).astype(x.dtype, copy=False)
+
+    return run
+
+
+def det_torch(node: Node, opset: int) -> Fn:
+    def run(x: Any) -> Any:
+        if x.dim() < 2 or x.shape[-1] != x.shape[-2]:
+            raise ShapeError(f"Det: expected square matrices in the last two dims, got shape {tuple(x.shape)}")
+        compute = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype  # no half LU
+        return torch.linalg.det(x.to(compute)).to(x.dtype)
+
+    return run
+
+
+op("Det", det, det_torch)

@@ -1,5 +1,6 @@
-"""Neural-network ONNX ops: Softmax and LogSoftmax, LayerNormalization (both through the selector's
-kernels where they fit), Dropout (inference only)."""
+"""Neural-network ONNX ops: Softmax and LogSoftmax (and Hardmax), LayerNormalization and RMSNormalization
+(through the selector's kernels where they fit), Dropout (inference only), BatchNormalization, and the other
+normalizations: Instance, Group, MeanVariance, Lp and LRN (written once for both paths, see arrays.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import numpy as np
 from ...errors import ArgumentError, ShapeError
 from ...graph.ir import Node
 from ..errors import UnsupportedModelError
-from .record import Fn, LoadContext, Lowered, axis_index, is_float, op, to_host, torch
+from .arrays import builders
+from .record import Fn, LoadContext, Lowered, axis_index, check_elem_dtype, elem_dtype, is_float, op, to_host, torch
 
 
 # -- Softmax and LogSoftmax --------------------------------------------------------------------------------------
@@ -59,6 +61,43 @@ def lower_softmax(node: Node, args: list, opset: int) -> Lowered | None:
 
 op("Softmax", softmax, softmax_torch, lower=lower_softmax)
 op("LogSoftmax", softmax, softmax_torch)
+
+
+def hardmax(node: Node, opset: int) -> Fn:
+    """1 at the first largest value along the axis, 0 elsewhere (before opset 13: of the input coerced to
+    2-D at the axis)."""
+    axis = node.attrs.get("axis", -1 if opset >= 13 else 1)
+
+    def run(x: np.ndarray) -> np.ndarray:
+        shape = x.shape
+        if opset < 13:
+            x = x.reshape(math.prod(shape[: axis % max(x.ndim, 1)]), -1)
+        ax = axis_index("Hardmax", axis if opset >= 13 else 1, x.ndim)
+        out = np.zeros(x.shape, x.dtype)
+        if x.size:
+            np.put_along_axis(out, np.argmax(x, axis=ax, keepdims=True), 1, axis=ax)
+        return out.reshape(shape)
+
+    return run
+
+
+def hardmax_torch(node: Node, opset: int) -> Fn:
+    axis = node.attrs.get("axis", -1 if opset >= 13 else 1)
+
+    def run(x: Any) -> Any:
+        shape = x.shape
+        if opset < 13:
+            x = x.reshape(math.prod(shape[: axis % max(x.dim(), 1)]), -1)
+        ax = axis_index("Hardmax", axis if opset >= 13 else 1, x.dim())
+        out = torch.zeros_like(x)
+        if x.numel():
+            out.scatter_(ax, torch.argmax(x, dim=ax, keepdim=True), 1)
+        return out.reshape(shape)
+
+    return run
+
+
+op("Hardmax", hardmax, hardmax_torch)
 
 
 # -- LayerNormalization ------------------------------------------------------------------------------------------
@@ -268,82 +307,84 @@ def lower_rms_norm(node: Node, args: list, opset: int) -> Lowered | None:
 op("RMSNormalization", rms_norm, rms_norm_torch, lower=lower_rms_norm)
 
 
-# -- more normalizations (NumPy; the GPU path runs them on the host) ---------------------------------------------------
-def _f32(x: np.ndarray) -> np.ndarray:
-    return x.astype(np.float32) if x.dtype == np.float16 else x
+# -- InstanceNormalization, GroupNormalization, MeanVarianceNormalization, LpNormalization, LRN ------------------
+def _standardize(xp: Any, x: Any, axes: tuple[int, ...], eps: float) -> Any:
+    """(x - mean) / sqrt(var + eps) over `axes`, in float32 (float64 for float64 inputs)."""
+    xf = xp.cast(x, xp.compute_dtype(x))
+    centered = xf - xp.mean(xf, axes)
+    return centered / (xp.mean(centered * centered, axes) + eps) ** 0.5
 
 
-def lp_normalization(node: Node, opset: int) -> Fn:
-    axis, p = node.attrs.get("axis", -1), int(node.attrs.get("p", 2))
-
-    def run(x: np.ndarray) -> np.ndarray:
-        ax = axis_index("LpNormalization", axis, x.ndim)
-        norm = np.sum(np.abs(_f32(x)) ** p, axis=ax, keepdims=True) ** (1.0 / p)
-        return np.where(norm == 0, 0, x / np.where(norm == 0, 1, norm)).astype(x.dtype)
-
-    return run
-
-
-def mean_variance_normalization(node: Node, opset: int) -> Fn:
-    axes = tuple(node.attrs.get("axes", (0, 2, 3)))
-
-    def run(x: np.ndarray) -> np.ndarray:
-        xf = _f32(x)
-        mean = xf.mean(axis=axes, keepdims=True)
-        std = np.sqrt(((xf - mean) ** 2).mean(axis=axes, keepdims=True))
-        return ((xf - mean) / (std + 1e-9)).astype(x.dtype)
-
-    return run
+def _instance_norm(xp: Any, node: Node, opset: int, x: Any, scale: Any, bias: Any) -> Any:
+    """Per sample and channel over the spatial dims, then scale and bias per channel."""
+    if x.ndim < 3 or tuple(scale.shape) != (x.shape[1],) or tuple(bias.shape) != (x.shape[1],):
+        raise ShapeError(f"InstanceNormalization: input {tuple(x.shape)} must be (N, C, ...) and scale / bias (C,), "
+                         f"got {tuple(scale.shape)}, {tuple(bias.shape)}")  # fmt: skip
+    y = _standardize(xp, x, tuple(range(2, x.ndim)), node.attrs.get("epsilon", 1e-5))
+    per_channel = (-1,) + (1,) * (x.ndim - 2)
+    return xp.cast(y * xp.cast(scale, y.dtype).reshape(per_channel) + xp.cast(bias, y.dtype).reshape(per_channel),
+                   x.dtype)  # fmt: skip
 
 
-def instance_normalization(node: Node, opset: int) -> Fn:
-    eps = float(node.attrs.get("epsilon", 1e-5))
-
-    def run(x: np.ndarray, scale: np.ndarray, bias: np.ndarray) -> np.ndarray:
-        axes = tuple(range(2, x.ndim))
-        xf = _f32(x)
-        mean, var = xf.mean(axis=axes, keepdims=True), xf.var(axis=axes, keepdims=True)
-        y = (xf - mean) / np.sqrt(var + eps) * _channel(scale, x.ndim) + _channel(bias, x.ndim)
-        return y.astype(x.dtype)
-
-    return run
-
-
-def group_normalization(node: Node, opset: int) -> Fn:
-    """Scale and bias per channel (opset 21), or per group (opset 18)."""
-    eps, groups = float(node.attrs.get("epsilon", 1e-5)), int(node.attrs["num_groups"])
-
-    def run(x: np.ndarray, scale: np.ndarray, bias: np.ndarray) -> np.ndarray:
-        n, c = x.shape[:2]
-        if groups < 1 or c % groups:
-            raise ShapeError(f"GroupNormalization: {c} channels do not split into num_groups={groups}")
-        grouped = _f32(x).reshape(n, groups, -1)
-        mean, var = grouped.mean(axis=2, keepdims=True), grouped.var(axis=2, keepdims=True)
-        y = ((grouped - mean) / np.sqrt(var + eps)).reshape(x.shape)
-        if scale.shape[0] == groups and groups != c:
-            scale, bias = np.repeat(scale, c // groups), np.repeat(bias, c // groups)
-        return (y * _channel(scale, x.ndim) + _channel(bias, x.ndim)).astype(x.dtype)
-
-    return run
+def _group_norm(xp: Any, node: Node, opset: int, x: Any, scale: Any, bias: Any) -> Any:
+    """Per sample and group of channels over the group's channels and the spatial dims; scale and bias per
+    channel (before opset 21: per group)."""
+    groups = node.attrs["num_groups"]
+    n, c = x.shape[:2]
+    per_group = opset < 21
+    wanted = (groups,) if per_group else (c,)
+    if x.ndim < 2 or groups < 1 or c % groups or tuple(scale.shape) != wanted or tuple(bias.shape) != wanted:
+        raise ShapeError(f"GroupNormalization: input {tuple(x.shape)} must have channels divisible by num_groups "
+                         f"{groups}, and scale / bias be {wanted}")  # fmt: skip
+    stash = elem_dtype(node, "stash_type", np.dtype(np.float32))
+    grouped = xp.cast(x, xp.dtype(stash.name)).reshape(n, groups, -1)
+    y = _standardize(xp, grouped, (2,), node.attrs.get("epsilon", 1e-5)).reshape(x.shape)
+    y = xp.cast(y, x.dtype)
+    if per_group:
+        scale, bias = xp.repeat(scale, c // groups, 0), xp.repeat(bias, c // groups, 0)
+    per_channel = (-1,) + (1,) * (x.ndim - 2)
+    return y * xp.cast(scale, x.dtype).reshape(per_channel) + xp.cast(bias, x.dtype).reshape(per_channel)
 
 
-def lrn(node: Node, opset: int) -> Fn:
-    alpha, beta = float(node.attrs.get("alpha", 1e-4)), float(node.attrs.get("beta", 0.75))
-    bias, size = float(node.attrs.get("bias", 1.0)), int(node.attrs["size"])
-
-    def run(x: np.ndarray) -> np.ndarray:
-        """Each channel divided by the sum of squares over `size` channels around it."""
-        square = np.square(_f32(x))
-        low, high = (size - 1) // 2, -(-(size - 1) // 2)
-        padded = np.pad(square, [(0, 0), (low, high)] + [(0, 0)] * (x.ndim - 2))
-        total = sum(padded[:, i : i + x.shape[1]] for i in range(size))
-        return (x / (bias + alpha / size * total) ** beta).astype(x.dtype)
-
-    return run
+def _mean_variance_norm(xp: Any, node: Node, opset: int, x: Any) -> Any:
+    """(x - E[x]) / (sqrt(E[x^2] - E[x]^2) + 1e-9) over `axes` (default 0, 2, 3), as the spec's function."""
+    axes = tuple(axis_index("MeanVarianceNormalization", a, x.ndim) for a in node.attrs.get("axes", (0, 2, 3)))
+    mean = xp.mean(x, axes)
+    std = xp.clip(xp.mean(x * x, axes) - mean * mean, 0, None) ** 0.5
+    return xp.cast((x - mean) / (std + 1e-9), x.dtype)
 
 
-op("LpNormalization", lp_normalization)
-op("MeanVarianceNormalization", mean_variance_normalization)
-op("InstanceNormalization", instance_normalization)
-op("GroupNormalization", group_normalization)
-op("LRN", lrn)
+def _lp_norm(xp: Any, node: Node, opset: int, x: Any) -> Any:
+    """x / ||x||_p along the axis (p 1 or 2), 0 where the norm is 0."""
+    p, axis = node.attrs.get("p", 2), axis_index("LpNormalization", node.attrs.get("axis", -1), x.ndim)
+    norm = xp.sum(xp.abs(x), (axis,)) if p == 1 else xp.sum(x * x, (axis,)) ** 0.5
+    return xp.cast(xp.where(norm == 0, 0 * x, x / xp.where(norm == 0, 1 + 0 * norm, norm)), x.dtype)
+
+
+def check_lp_norm(node: Node, ctx: LoadContext) -> None:
+    if node.attrs.get("p", 2) not in (1, 2):
+        raise UnsupportedModelError(f"{node.describe()}: p={node.attrs['p']}; LpNormalization takes p 1 or 2")
+
+
+def _lrn(xp: Any, node: Node, opset: int, x: Any) -> Any:
+    """x / (bias + alpha / size * sum of squares over the channels around c) ** beta; the window holds
+    floor((size - 1) / 2) channels before c and ceil((size - 1) / 2) after."""
+    size = node.attrs["size"]
+    alpha, beta, bias = node.attrs.get("alpha", 1e-4), node.attrs.get("beta", 0.75), node.attrs.get("bias", 1.0)
+    if x.ndim < 3 or size < 1:
+        raise ShapeError(f"LRN: input {tuple(x.shape)} must be (N, C, ...) and size >= 1, got {size}")
+    before, after = (size - 1) // 2, -(-(size - 1) // 2)
+    squares = xp.cast(x, xp.compute_dtype(x)) ** 2
+    c = x.shape[1]
+    rows = np.arange(c)[:, None]
+    band = ((np.arange(c)[None, :] >= rows - before) & (np.arange(c)[None, :] <= rows + after)).astype(np.float64)
+    window = xp.cast(xp.from_host(band, x), squares.dtype)  # (C, C): which channels each channel sums
+    summed = xp.einsum("dc,nc...->nd...", window, squares)
+    return xp.cast(xp.cast(x, squares.dtype) / (bias + alpha / size * summed) ** beta, x.dtype)
+
+
+op("InstanceNormalization", *builders(_instance_norm))
+op("GroupNormalization", *builders(_group_norm), check=check_elem_dtype("stash_type"))
+op("MeanVarianceNormalization", *builders(_mean_variance_norm))
+op("LpNormalization", *builders(_lp_norm), check=check_lp_norm)
+op("LRN", *builders(_lrn))

@@ -1,5 +1,5 @@
 """Pooling: MaxPool (with its Indices output), AveragePool (count_include_pad), LpPool, and the global pools,
-over 1 to 3 (or more) spatial dims, with strides, dilations, pads, auto_pad and ceil_mode.
+over 1 to 3 (or more) spatial dims, with strides, dilations, pads, auto_pad and ceil_mode; MaxUnpool.
 
 Both paths pad the input (with the lowest value for max, 0 for sums), view its windows as a strided array
 (N, C, *out, *kernel) and reduce over the kernel dims; an average divides by the count of cells that are
@@ -14,7 +14,7 @@ import numpy as np
 
 from ...errors import ShapeError
 from ...graph.ir import Node
-from .record import Fn, op, torch
+from .record import Fn, check_indices, ints, itemsize, op, to_host, torch
 from .window import Window, check_auto_pad, numpy_windows, torch_pad_widths, torch_windows, window
 
 
@@ -169,3 +169,58 @@ def global_lp_pool_torch(node: Node, opset: int) -> Fn:
 
 
 op("GlobalLpPool", global_lp_pool, global_lp_pool_torch)
+
+
+# -- MaxUnpool -------------------------------------------------------------------------------------------------
+def unpool_shapes(node: Node, shape: tuple, indices_shape: tuple, output_shape: Any) -> tuple[list[int], list[int]]:
+    """The shape MaxPool's window inverts to ((in - 1) * stride - pad_begin - pad_end + kernel), which the
+    indices address, and the output's shape (output_shape if given, else that one)."""
+    if len(shape) < 3 or tuple(indices_shape) != tuple(shape):
+        raise ShapeError(f"MaxUnpool: X {tuple(shape)} needs spatial dims and indices of its shape, got "
+                         f"{tuple(indices_shape)}")  # fmt: skip
+    kernel = list(node.attrs["kernel_shape"])
+    n = len(kernel)
+    strides = list(node.attrs.get("strides") or [1] * n)
+    pads = list(node.attrs.get("pads") or [0] * (2 * n))
+    spatial = [(i - 1) * s - b - e + k for i, s, b, e, k in zip(shape[2:], strides, pads[:n], pads[n:], kernel)]
+    inverted = [*shape[:2], *spatial]
+    out = inverted if output_shape is None else ints(output_shape)
+    if len(out) != len(shape) or out[:2] != inverted[:2] or any(o < i for o, i in zip(out, inverted)):
+        raise ShapeError(f"MaxUnpool: output_shape {out} must be (N, C, ...) and at least {inverted}")
+    return inverted, out
+
+
+def unpool_targets(node: Node, x_shape: tuple, indices: Any, output_shape: Any) -> tuple[np.ndarray, list[int]]:
+    """Where each value of X goes in the flattened output: MaxPool's indices address the tensor it pooled,
+    whose shape output_shape gives back (as onnxruntime and PyTorch read them; the spec's reference reads them
+    in the inverted shape and keeps their coordinates, which differs where the two shapes differ)."""
+    _, out = unpool_shapes(node, x_shape, indices.shape, output_shape)
+    flat = np.asarray(indices).reshape(-1).astype(np.int64)
+    check_indices("MaxUnpool", flat, math.prod(out), 0, tuple(out))
+    return flat, out
+
+
+def max_unpool(node: Node, opset: int) -> Fn:
+    """Zeros, with each value of X put where its index (MaxPool's, into the flattened input) says."""
+
+    def run(x: np.ndarray, indices: np.ndarray, output_shape: Any = None) -> np.ndarray:
+        targets, shape = unpool_targets(node, x.shape, indices, output_shape)
+        out = np.zeros(math.prod(shape), x.dtype)
+        out[targets] = x.reshape(-1)
+        return out.reshape(shape)
+
+    return run
+
+
+def max_unpool_torch(node: Node, opset: int) -> Fn:
+    def run(x: Any, indices: Any, output_shape: Any = None) -> Any:
+        targets, shape = unpool_targets(node, tuple(x.shape), to_host(indices), output_shape)
+        out = x.new_zeros(math.prod(shape))
+        return out.scatter_(0, torch.from_numpy(targets).to(x.device), x.reshape(-1)).reshape(shape)
+
+    return run
+
+
+op("MaxUnpool", max_unpool, max_unpool_torch, shape_inputs=(2,), host_inputs=(1,),
+   size=lambda node, args, opset: (tuple(unpool_shapes(node, tuple(args[0].shape), tuple(args[1].shape),
+                                                       (*args, None)[2])[1]), itemsize(args[0])))  # fmt: skip

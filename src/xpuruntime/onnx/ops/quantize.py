@@ -1,129 +1,182 @@
-"""Integer quantization: QuantizeLinear and DequantizeLinear (per tensor, per axis, blocked), DynamicQuantizeLinear,
-QLinearMatMul, MatMulInteger and ConvInteger, for the integer dtypes NumPy holds (8 and 16 bits). Rounding is
-half to even and saturates to the target type. NumPy functions (the GPU path runs them on the host)."""
+"""Quantization ONNX ops over 8- and 16-bit integers: QuantizeLinear and DequantizeLinear (per tensor, per axis
+or blocked scales), DynamicQuantizeLinear, and the integer products MatMulInteger, ConvInteger,
+QLinearMatMul and QLinearConv.
+
+Quantizing rounds half to even and saturates to the integer type. The integer products are exact: they run
+on float64 (BLAS, or F.conv on the GPU path) where every partial sum of 8- or 16-bit products is an integer
+float64 holds exactly, then requantize as onnxruntime does: round((acc) * (a_scale * b_scale / y_scale)) + y_zp.
+Float 8, 4 and 2-bit types are not supported (the session does not run those dtypes).
+"""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
 
 from ...errors import ShapeError
 from ...graph.ir import Node
-from ..dtypes import dtype_name
-from .conv import conv_im2col, conv_window
-from .record import Fn, op
+from ..errors import UnsupportedModelError
+from .arrays import NUMPY, builders
+from .conv import conv_im2col, conv_window, conv_with_torch
+from .record import LoadContext, axis_index, elem_dtype, op
+from .window import check_auto_pad
+
+INTEGERS = ("uint8", "int8", "uint16", "int16", "int32")
 
 
-def _broadcast_param(p: np.ndarray, x_shape: tuple[int, ...], axis: int, block: int) -> np.ndarray:
-    """A scale or zero point shaped to broadcast over x: a scalar, one value per `axis` entry, or one per
-    block of `block` entries along `axis` (blocked quantization)."""
-    p = np.asarray(p)
-    if p.size == 1 and p.ndim <= 1:
-        return p.reshape(())
-    ax = axis % len(x_shape)
-    if block:
-        return np.repeat(p, block, axis=ax)[tuple(slice(0, n) for n in x_shape)]
-    if p.ndim != 1 or p.shape[0] != x_shape[ax]:
-        raise ShapeError(f"quantization parameter of shape {p.shape} does not fit axis {axis} of {x_shape}")
-    return p.reshape((-1,) + (1,) * (len(x_shape) - ax - 1))
+FLOATS = ("float16", "float32", "float64")
 
 
-def _target(node: Node, zero_point: Any, default: str = "uint8") -> np.dtype:
-    if zero_point is not None:
-        return np.asarray(zero_point).dtype
-    chosen = node.attrs.get("output_dtype")
-    if chosen:
-        return np.dtype(dtype_name(int(chosen)))
-    return np.dtype(default)
+def check_output_dtype(node: Node, ctx: LoadContext) -> None:
+    """output_dtype, if set, must be an integer type the session runs (QuantizeLinear) or a float
+    (DequantizeLinear)."""
+    allowed = INTEGERS[:4] if node.op == "QuantizeLinear" else FLOATS
+    try:
+        dtype = elem_dtype(node, "output_dtype")
+        name = None if dtype is None else dtype.name
+    except Exception:
+        name = f"element type {node.attrs.get('output_dtype')}"
+    if name is not None and name not in allowed:
+        raise UnsupportedModelError(f"{node.describe()}: output_dtype {name} is not supported (only {allowed})")
 
 
-def _saturate(y: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    info = np.iinfo(dtype)
-    return np.clip(np.rint(y), info.min, info.max).astype(dtype)
+def per_axis(op_name: str, scale: Any, shape: tuple[int, ...], axis: int, block: int) -> Any:
+    """A scale or zero point made to broadcast against the input: one value (per tensor), one per entry along
+    `axis` (1-D), or one per `block` entries along `axis` (blocked: the input's rank)."""
+    if scale.ndim == 0 or (scale.ndim == 1 and scale.shape[0] == 1 and not block):
+        return scale.reshape(())
+    ax = axis_index(op_name, axis, len(shape))
+    if not block:
+        if scale.ndim != 1 or scale.shape[0] != shape[ax]:
+            raise ShapeError(f"{op_name}: a 1-D scale {tuple(scale.shape)} must hold one value per entry of axis "
+                             f"{axis} of {tuple(shape)}")  # fmt: skip
+        return scale.reshape([shape[ax] if i == ax else 1 for i in range(len(shape))])
+    blocks = -(-shape[ax] // block)
+    wanted = tuple(blocks if i == ax else d for i, d in enumerate(shape))
+    if tuple(scale.shape) != wanted:
+        raise ShapeError(f"{op_name}: a blocked scale {tuple(scale.shape)} must be {wanted} for blocks of {block} "
+                         f"along axis {axis} of {tuple(shape)}")  # fmt: skip
+    index = [slice(None)] * len(shape)
+    index[ax] = np.arange(shape[ax]) // block
+    return scale[tuple(index)]
 
 
-def quantize_linear(node: Node, opset: int) -> Fn:
-    axis, block = int(node.attrs.get("axis", 1)), int(node.attrs.get("block_size", 0))
-
-    def run(x: np.ndarray, scale: np.ndarray, zero_point: Any = None) -> np.ndarray:
-        dtype = _target(node, zero_point)
-        work = np.float64 if x.dtype == np.float64 else np.float32  # x / scale rounds as ONNX computes it
-        s = _broadcast_param(scale, x.shape, axis, block).astype(work)
-        zp = 0 if zero_point is None else _broadcast_param(zero_point, x.shape, axis, block).astype(np.float64)
-        return _saturate(np.rint(x.astype(work) / s) + zp, dtype)
-
-    return run
+def _bounds(name: str) -> tuple[int, int]:
+    info = np.iinfo(name)
+    return int(info.min), int(info.max)
 
 
-def dequantize_linear(node: Node, opset: int) -> Fn:
-    axis, block = int(node.attrs.get("axis", 1)), int(node.attrs.get("block_size", 0))
-
-    def run(x: np.ndarray, scale: np.ndarray, zero_point: Any = None) -> np.ndarray:
-        s = _broadcast_param(scale, x.shape, axis, block)
-        zp = 0 if zero_point is None else _broadcast_param(zero_point, x.shape, axis, block).astype(np.int64)
-        out = _target(node, None, scale.dtype.name) if node.attrs.get("output_dtype") else scale.dtype
-        return ((x.astype(np.int64) - zp) * s.astype(np.float64)).astype(out)
-
-    return run
-
-
-op("QuantizeLinear", quantize_linear)
-op("DequantizeLinear", dequantize_linear)
-
-
-def dynamic_quantize_linear(node: Node, opset: int) -> Fn:
-    def run(x: np.ndarray) -> tuple:
-        """uint8 over [min(x, 0), max(x, 0)]: y = saturate(round(x / scale) + zero point), in float32."""
-        low, high = np.float32(min(x.min(initial=0), 0)), np.float32(max(x.max(initial=0), 0))
-        scale = (high - low) / np.float32(255)
-        if scale == 0:
-            return np.zeros(x.shape, np.uint8), np.array(scale, np.float32), np.array(0, np.uint8)
-        zero = _saturate(np.asarray(np.rint(-low / scale)), np.dtype(np.uint8))
-        y = _saturate(np.rint(x.astype(np.float32) / scale) + zero, np.dtype(np.uint8))
-        return y, np.array(scale, np.float32), np.array(zero, np.uint8)
-
-    return run
+def _quantize(xp: Any, node: Node, opset: int, x: Any, scale: Any, zero: Any = None) -> Any:
+    """round(x / scale) + zero point, saturated; the division in x's precision (or `precision`'s)."""
+    axis, block = node.attrs.get("axis", 1), node.attrs.get("block_size", 0)
+    name = _dtype_name(zero.dtype) if zero is not None else elem_dtype(node, "output_dtype", np.dtype(np.uint8)).name
+    scale = per_axis("QuantizeLinear", scale, tuple(x.shape), axis, block)
+    precision = elem_dtype(node, "precision")
+    if precision is not None:
+        x, scale = xp.cast(x, xp.dtype(precision.name)), xp.cast(scale, xp.dtype(precision.name))
+    q = xp.cast(xp.rint(x / scale), xp.dtype("float64"))
+    if zero is not None:
+        q = q + xp.cast(per_axis("QuantizeLinear", zero, tuple(x.shape), axis, block), q.dtype)
+    lo, hi = _bounds(name)
+    return xp.cast(xp.clip(q, lo, hi), xp.dtype(name))
 
 
-op("DynamicQuantizeLinear", dynamic_quantize_linear, tuple_output=True)
+def _dtype_name(dtype: Any) -> str:
+    return dtype.name if isinstance(dtype, np.dtype) else str(dtype).removeprefix("torch.")
 
 
-def _centered(x: np.ndarray, zero_point: Any) -> np.ndarray:
-    return x.astype(np.int64) - (0 if zero_point is None else np.asarray(zero_point).astype(np.int64))
+def _dequantize(xp: Any, node: Node, opset: int, x: Any, scale: Any, zero: Any = None) -> Any:
+    axis, block = node.attrs.get("axis", 1), node.attrs.get("block_size", 0)
+    out = elem_dtype(node, "output_dtype")
+    scale = per_axis("DequantizeLinear", scale, tuple(x.shape), axis, block)
+    y = xp.cast(x, xp.dtype("float32"))
+    if zero is not None:
+        y = y - xp.cast(per_axis("DequantizeLinear", zero, tuple(x.shape), axis, block), y.dtype)
+    y = y * scale
+    return xp.cast(y, scale.dtype if out is None else xp.dtype(out.name))
 
 
-def matmul_integer(node: Node, opset: int) -> Fn:
-    def run(a: np.ndarray, b: np.ndarray, a_zero: Any = None, b_zero: Any = None) -> np.ndarray:
-        a_zero = None if a_zero is None else np.asarray(a_zero).reshape(-1, 1) if np.size(a_zero) > 1 else a_zero
-        return np.matmul(_centered(a, a_zero), _centered(b, b_zero)).astype(np.int32)
-
-    return run
+op("QuantizeLinear", *builders(_quantize), check=check_output_dtype)
+op("DequantizeLinear", *builders(_dequantize), check=check_output_dtype)
 
 
-def qlinear_matmul(node: Node, opset: int) -> Fn:
-    def run(a, a_scale, a_zero, b, b_scale, b_zero, y_scale, y_zero) -> np.ndarray:
-        a_real = _centered(a, a_zero.reshape(-1, 1) if np.size(a_zero) > 1 else a_zero) * a_scale.astype(np.float64)
-        b_real = _centered(b, b_zero) * b_scale.astype(np.float64)
-        return _saturate(np.matmul(a_real, b_real) / y_scale.astype(np.float64) + y_zero, np.asarray(y_zero).dtype)
-
-    return run
-
-
-def conv_integer(node: Node, opset: int) -> Fn:
-    def run(x: np.ndarray, w: np.ndarray, x_zero: Any = None, w_zero: Any = None) -> np.ndarray:
-        win, group = conv_window(node, x, w)
-        xc = _centered(x, x_zero)
-        wz = None if w_zero is None else np.asarray(w_zero).reshape(-1, *(1,) * (w.ndim - 1))
-        wc = _centered(w, wz)
-        padded_zero = np.pad(xc, [(0, 0), (0, 0), *win.widths()])  # integer zero padding (x - zero point)
-        plain = type(win)(win.kernel, win.strides, win.dilations, (0,) * len(win.out), (0,) * len(win.out),
-                          (0,) * len(win.out), win.out)  # fmt: skip
-        return conv_im2col(padded_zero, wc, None, plain, group).astype(np.int32)
-
-    return run
+def _dynamic_quantize(xp: Any, node: Node, opset: int, x: Any) -> tuple:
+    """uint8 with a scale and zero point from the input's range, widened to include 0."""
+    wide = xp.cast(x, xp.dtype("float32"))
+    low = min(float(wide.min()), 0.0) if math.prod(x.shape) else 0.0
+    high = max(float(wide.max()), 0.0) if math.prod(x.shape) else 0.0
+    scale = np.float32((high - low) / 255)
+    zero = float(np.clip(np.rint(-low / scale), 0, 255)) if scale else 0.0
+    q = xp.rint(wide / scale) + zero if scale else wide * 0 + zero
+    return (xp.cast(xp.clip(q, 0, 255), xp.dtype("uint8")), xp.from_host(np.array(scale, np.float32), x),
+            xp.from_host(np.array(zero, np.uint8), x))  # fmt: skip
 
 
-op("MatMulInteger", matmul_integer)
-op("QLinearMatMul", qlinear_matmul)
-op("ConvInteger", conv_integer)
+op("DynamicQuantizeLinear", *builders(_dynamic_quantize), tuple_output=True)
+
+
+# -- integer products --------------------------------------------------------------------------------------------
+def _centered(xp: Any, x: Any, zero: Any, rows: bool = False) -> Any:
+    """x - zero_point in float64 (exact); a 1-D zero point of MatMulInteger's A is per row."""
+    wide = xp.cast(x, xp.dtype("float64"))
+    if zero is None:
+        return wide
+    zero = xp.cast(zero, xp.dtype("float64"))
+    if rows and zero.ndim == 1 and zero.shape[0] > 1:
+        zero = zero.reshape(-1, 1)
+    return wide - zero
+
+
+def _requantize(xp: Any, acc: Any, multiplier: Any, zero: Any, like: Any) -> Any:
+    """round(acc * multiplier) + zero point, saturated to the zero point's (else the input's) integer type."""
+    name = _dtype_name((zero if zero is not None else like).dtype)
+    y = xp.rint(acc * xp.cast(multiplier, acc.dtype))
+    if zero is not None:
+        y = y + xp.cast(zero, acc.dtype)
+    lo, hi = _bounds(name)
+    return xp.cast(xp.clip(y, lo, hi), xp.dtype(name))
+
+
+def _matmul_integer(xp: Any, node: Node, opset: int, a: Any, b: Any, a_zero: Any = None, b_zero: Any = None) -> Any:
+    return xp.cast(_centered(xp, a, a_zero, rows=True) @ _centered(xp, b, b_zero), xp.dtype("int32"))
+
+
+def _qlinear_matmul(xp: Any, node: Node, opset: int, a: Any, a_scale: Any, a_zero: Any, b: Any, b_scale: Any,
+                    b_zero: Any, y_scale: Any, y_zero: Any) -> Any:  # fmt: skip
+    acc = _centered(xp, a, a_zero) @ _centered(xp, b, b_zero)
+    return _requantize(xp, acc, a_scale * b_scale / y_scale, y_zero, a)
+
+
+op("MatMulInteger", *builders(_matmul_integer))
+op("QLinearMatMul", *builders(_qlinear_matmul))
+
+
+def _conv_accumulate(xp: Any, node: Node, x: Any, w: Any, x_zero: Any, w_zero: Any) -> Any:
+    """sum (x - x_zp) * (w - w_zp) over each window, in float64; a 1-D w_zp is per output channel."""
+    if w_zero is not None and w_zero.ndim == 1 and w_zero.shape[0] > 1:
+        w_zero = w_zero.reshape(-1, *(1,) * (w.ndim - 1))
+    xs, ws = _centered(xp, x, x_zero), _centered(xp, w, w_zero)
+    win, group = conv_window(node, xs, ws)
+    return conv_im2col(xs, ws, None, win, group) if xp is NUMPY else conv_with_torch(xs, ws, None, win, group)
+
+
+def _conv_integer(xp: Any, node: Node, opset: int, x: Any, w: Any, x_zero: Any = None, w_zero: Any = None) -> Any:
+    return xp.cast(_conv_accumulate(xp, node, x, w, x_zero, w_zero), xp.dtype("int32"))
+
+
+def _qlinear_conv(xp: Any, node: Node, opset: int, x: Any, x_scale: Any, x_zero: Any, w: Any, w_scale: Any, w_zero: Any,
+                  y_scale: Any, y_zero: Any, bias: Any = None) -> Any:  # fmt: skip
+    acc = _conv_accumulate(xp, node, x, w, x_zero, w_zero)
+    rank = acc.ndim - 2
+    if bias is not None:
+        acc = acc + xp.cast(bias, acc.dtype).reshape(-1, *(1,) * rank)
+    multiplier = x_scale * w_scale / y_scale
+    if multiplier.ndim == 1 and multiplier.shape[0] > 1:  # per output channel
+        multiplier = multiplier.reshape(-1, *(1,) * rank)
+    return _requantize(xp, acc, multiplier, y_zero, x)
+
+
+op("ConvInteger", *builders(_conv_integer), check=check_auto_pad)
+op("QLinearConv", *builders(_qlinear_conv), check=check_auto_pad)

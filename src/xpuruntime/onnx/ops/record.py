@@ -26,6 +26,8 @@ import numpy as np
 
 from ...errors import ArgumentError, ShapeError
 from ...graph.ir import Graph, Node
+from ..dtypes import SUPPORTED_DTYPES
+from ..errors import UnsupportedModelError
 
 if TYPE_CHECKING:
     import onnx
@@ -208,3 +210,49 @@ class DeviceCache(dict):
             found = tuple(None if a is None else as_tensor(np.asarray(a), device) for a in make())
             self[(key, str(device))] = found
         return found
+
+
+def elem_dtype(node: Node, attr: str, default: Any = None) -> np.dtype | None:
+    """A dtype attribute (an ONNX element type, as EyeLike's `dtype` or BitCast's `to`) as a NumPy dtype;
+    `default` when the node leaves it out."""
+    value = node.attrs.get(attr)
+    if value is None:
+        return default
+    import onnx
+
+    return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(int(value)))
+
+
+def check_elem_dtype(attr: str) -> Callable[[Node, LoadContext], None]:
+    """A load-time check that the dtype attribute `attr`, if set, names a dtype the session runs."""
+
+    def check(node: Node, ctx: LoadContext) -> None:
+        try:
+            dtype = elem_dtype(node, attr)
+            name = None if dtype is None else dtype.name
+        except Exception:
+            name = f"element type {node.attrs.get(attr)}"
+        if name is not None and name not in SUPPORTED_DTYPES:
+            raise UnsupportedModelError(f"{node.describe()}: {attr}={name} is not supported")
+
+    return check
+
+
+def on_host(numpy_builder: Builder, device: Any = None) -> Builder:
+    """A PyTorch builder that runs the NumPy function on host copies of the inputs and moves the results to
+    `device` (default: the first tensor input's): how the GPU path runs an op without a PyTorch function, as
+    onnxruntime falls back to its CPU provider, and a few ops' forms PyTorch lacks. A sync per call: the plan
+    still runs, but a CUDA graph cannot capture it."""
+
+    def build(node: Node, opset: int) -> Fn:
+        fn = numpy_builder(node, opset)
+
+        def run(*args: Any) -> Any:
+            where = device if device is not None else next((a.device for a in args if hasattr(a, "device")), "cpu")
+            result = fn(*(to_host(a) for a in args))
+            move = lambda r: as_tensor(np.asarray(r), where)  # noqa: E731
+            return tuple(move(r) for r in result) if isinstance(result, tuple | list) else move(result)
+
+        return run
+
+    return build

@@ -1,9 +1,8 @@
-"""Reductions and scans: Reduce* (ReduceSum through the selector's sum kernels), ArgMax / ArgMin, CumSum,
-TopK. Reduce axes are an attribute before opset 18 (13 for ReduceSum), an input from then on."""
+"""Reductions and scans: Reduce* (ReduceSum through the selector's sum kernels), ArgMax / ArgMin, CumSum /
+CumProd, TopK. Reduce axes are an attribute before opset 18 (13 for ReduceSum), an input from then on."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -170,37 +169,42 @@ op("ArgMax", arg_reduce, arg_reduce_torch)
 op("ArgMin", arg_reduce, arg_reduce_torch)
 
 
-def cumsum(node: Node, opset: int) -> Fn:
+def cumulative(node: Node, opset: int) -> Fn:
+    """CumSum and CumProd along the axis input; `exclusive` starts from the identity (0 or 1), `reverse`
+    runs from the end."""
     exclusive, reverse = bool(node.attrs.get("exclusive", 0)), bool(node.attrs.get("reverse", 0))
+    scan, identity = (np.cumsum, 0) if node.op == "CumSum" else (np.cumprod, 1)
 
     def run(x: np.ndarray, axis: np.ndarray) -> np.ndarray:
-        ax = axis_index("CumSum", ints(axis)[0], x.ndim)
+        ax = axis_index(node.op, ints(axis)[0], x.ndim)
         y = np.flip(x, ax) if reverse else x
-        out = np.cumsum(y, axis=ax, dtype=x.dtype)
-        if exclusive and out.shape[ax]:
-            out = np.concatenate(
-                [np.zeros_like(np.take(out, [0], axis=ax)), np.take(out, range(out.shape[ax] - 1), axis=ax)], axis=ax
-            )
+        if exclusive and y.shape[ax]:
+            first = np.full_like(np.take(y, [0], axis=ax), identity)
+            y = np.concatenate([first, np.take(y, range(y.shape[ax] - 1), axis=ax)], axis=ax)
+        out = scan(y, axis=ax, dtype=x.dtype)
         return np.flip(out, ax) if reverse else out
 
     return run
 
 
-def cumsum_torch(node: Node, opset: int) -> Fn:
+def cumulative_torch(node: Node, opset: int) -> Fn:
     exclusive, reverse = bool(node.attrs.get("exclusive", 0)), bool(node.attrs.get("reverse", 0))
+    identity = 0 if node.op == "CumSum" else 1
 
     def run(x: Any, axis: Any) -> Any:
-        ax = axis_index("CumSum", ints(axis)[0], x.dim())
+        scan = torch.cumsum if node.op == "CumSum" else torch.cumprod
+        ax = axis_index(node.op, ints(axis)[0], x.dim())
         y = torch.flip(x, (ax,)) if reverse else x
-        out = torch.cumsum(y, dim=ax).to(x.dtype)
-        if exclusive and out.shape[ax]:
-            out = torch.cat([torch.zeros_like(out.narrow(ax, 0, 1)), out.narrow(ax, 0, out.shape[ax] - 1)], dim=ax)
+        if exclusive and y.shape[ax]:
+            y = torch.cat([torch.full_like(y.narrow(ax, 0, 1), identity), y.narrow(ax, 0, y.shape[ax] - 1)], dim=ax)
+        out = scan(y, dim=ax).to(x.dtype)
         return torch.flip(out, (ax,)) if reverse else out
 
     return run
 
 
-op("CumSum", cumsum, cumsum_torch, host_inputs=(1,))
+op("CumSum", cumulative, cumulative_torch, host_inputs=(1,))
+op("CumProd", cumulative, cumulative_torch, host_inputs=(1,))
 
 
 # -- TopK ------------------------------------------------------------------------------------------------------
@@ -253,45 +257,3 @@ def topk_torch(node: Node, opset: int) -> Fn:
 
 
 op("TopK", topk, topk_torch, shape_inputs=(1,), tuple_output=True, upgrade=topk_1)
-
-
-def cumprod(node: Node, opset: int) -> Fn:
-    exclusive, reverse = bool(node.attrs.get("exclusive", 0)), bool(node.attrs.get("reverse", 0))
-
-    def run(x: np.ndarray, axis: np.ndarray) -> np.ndarray:
-        ax = axis_index("CumProd", ints(axis)[0], x.ndim)
-        y = np.flip(x, ax) if reverse else x
-        if exclusive:
-            ones = np.ones_like(np.take(y, [0], axis=ax))
-            y = np.concatenate([ones, np.take(y, range(y.shape[ax] - 1), axis=ax)], axis=ax) if y.shape[ax] else y
-        out = np.cumprod(y, axis=ax, dtype=x.dtype)
-        return np.flip(out, ax) if reverse else out
-
-    return run
-
-
-op("CumProd", cumprod, host_inputs=(1,))
-
-
-def hardmax(node: Node, opset: int) -> Fn:
-    """1 at the first maximum along the axis (opset 13 on; before, of the input coerced to 2-D at the axis)."""
-    axis = node.attrs.get("axis", -1 if opset >= 13 else 1)
-
-    def run(x: np.ndarray) -> np.ndarray:
-        if x.size == 0:
-            return x.copy()
-        shape = x.shape
-        if opset < 13:
-            ax = axis % x.ndim
-            x = x.reshape(math.prod(shape[:ax]), -1)
-            ax = 1
-        else:
-            ax = axis_index("Hardmax", axis, x.ndim)
-        y = np.zeros_like(x)
-        np.put_along_axis(y, np.expand_dims(np.argmax(x, axis=ax), ax), 1, axis=ax)
-        return y.reshape(shape)
-
-    return run
-
-
-op("Hardmax", hardmax)

@@ -1,6 +1,7 @@
 """Shape and layout ONNX ops: Shape, Size, Reshape, Flatten, Transpose, Squeeze, Unsqueeze, Concat, Split,
-Slice, Expand, Tile, Range, ConstantOfShape. Their shape operands (targets, axes, bounds) are read on the
-host; on the GPU path these are host arrays, so reading them costs no sync."""
+Slice, Expand, Tile, Range, ConstantOfShape, SpaceToDepth / DepthToSpace, CenterCropPad, EyeLike. Their shape
+operands (targets, axes, bounds) are read on the host; on the GPU path these are host arrays, so reading them
+costs no sync."""
 
 from __future__ import annotations
 
@@ -11,8 +12,22 @@ import numpy as np
 
 from ...errors import ArgumentError, ShapeError
 from ...graph.ir import GraphError, Node
-from ..dtypes import dtype_name
-from .record import Fn, LoadContext, axis_index, ints, itemsize, op, scalar, to_host, torch, torch_dtype
+from ..errors import UnsupportedModelError
+from .record import (
+    Fn,
+    LoadContext,
+    axis_index,
+    check_elem_dtype,
+    dtype_name,
+    elem_dtype,
+    ints,
+    itemsize,
+    op,
+    scalar,
+    to_host,
+    torch,
+    torch_dtype,
+)
 
 
 def shape(node: Node, opset: int) -> Fn:
@@ -368,123 +383,125 @@ op("ConstantOfShape", constant_of_shape, constant_of_shape_torch, shape_inputs=(
    size=lambda node, args, opset: (tuple(constant_dims(args[0])), constant_fill(node).dtype.itemsize))  # fmt: skip
 
 
-# -- rearrangements (NumPy; the GPU path runs them on the host) --------------------------------------------------------
-def _blocks(node: Node, x: np.ndarray) -> int:
-    size = int(node.attrs["blocksize"])
-    if x.ndim != 4 or size < 1:
-        raise ShapeError(f"{node.op}: expects an N x C x H x W input and a positive blocksize, got {x.shape}, {size}")
-    return size
-
-
-def space_to_depth(node: Node, opset: int) -> Fn:
-    order = (0, 1, 3, 5, 2, 4) if node.attrs.get("mode", "DCR") == "CRD" else (0, 3, 5, 1, 2, 4)
-
-    def run(x: np.ndarray) -> np.ndarray:
-        b = _blocks(node, x)
-        n, c, h, w = x.shape
+# -- SpaceToDepth and DepthToSpace ------------------------------------------------------------------------------
+def _block_layout(node: Node, shape: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    """SpaceToDepth and DepthToSpace as reshape -> transpose -> reshape of an N x C x H x W input: the first
+    shape, the permutation and the final shape. `mode` DCR (the default) orders the moved values depth,
+    column, row; CRD column, row, depth."""
+    b, mode = int(node.attrs["blocksize"]), node.attrs.get("mode", "DCR")
+    if len(shape) != 4 or b <= 0:
+        raise ShapeError(f"{node.op}: expected a 4-d N x C x H x W input and blocksize > 0, got {shape}, {b}")
+    n, c, h, w = shape
+    if node.op == "SpaceToDepth":
         if h % b or w % b:
-            raise ShapeError(f"SpaceToDepth: H and W of {x.shape} are not multiples of blocksize {b}")
-        y = x.reshape(n, c, h // b, b, w // b, b).transpose(order)
-        return y.reshape(n, c * b * b, h // b, w // b)
+            raise ShapeError(f"SpaceToDepth: H and W of {shape} must be multiples of blocksize {b}")
+        perm = (0, 3, 5, 1, 2, 4) if mode == "DCR" else (0, 1, 3, 5, 2, 4)
+        return (n, c, h // b, b, w // b, b), perm, (n, c * b * b, h // b, w // b)
+    if c % (b * b):
+        raise ShapeError(f"DepthToSpace: C of {shape} must be a multiple of blocksize^2 = {b * b}")
+    if mode == "DCR":
+        return (n, b, b, c // (b * b), h, w), (0, 3, 4, 1, 5, 2), (n, c // (b * b), h * b, w * b)
+    return (n, c // (b * b), b, b, h, w), (0, 1, 4, 2, 5, 3), (n, c // (b * b), h * b, w * b)
+
+
+def check_block_mode(node: Node, ctx: LoadContext) -> None:
+    if node.attrs.get("mode", "DCR") not in ("DCR", "CRD"):
+        raise UnsupportedModelError(f"{node.describe()}: mode must be 'DCR' or 'CRD', got {node.attrs['mode']!r}")
+
+
+def space_depth(node: Node, opset: int) -> Fn:
+    def run(x: np.ndarray) -> np.ndarray:
+        first, perm, final = _block_layout(node, x.shape)
+        return x.reshape(first).transpose(perm).reshape(final)
 
     return run
 
 
-def depth_to_space(node: Node, opset: int) -> Fn:
-    crd = node.attrs.get("mode", "DCR") == "CRD"
+def space_depth_torch(node: Node, opset: int) -> Fn:
+    def run(x: Any) -> Any:
+        first, perm, final = _block_layout(node, tuple(x.shape))
+        return x.reshape(first).permute(perm).reshape(final)
 
-    def run(x: np.ndarray) -> np.ndarray:
-        b = _blocks(node, x)
-        n, c, h, w = x.shape
-        if c % (b * b):
-            raise ShapeError(f"DepthToSpace: channels of {x.shape} are not a multiple of blocksize^2 = {b * b}")
-        if crd:
-            y = x.reshape(n, c // (b * b), b, b, h, w).transpose(0, 1, 4, 2, 5, 3)
+    return run
+
+
+op("SpaceToDepth", space_depth, space_depth_torch, check=check_block_mode)
+op("DepthToSpace", space_depth, space_depth_torch, check=check_block_mode)
+
+
+# -- CenterCropPad ----------------------------------------------------------------------------------------------
+def center_windows(node: Node, shape: tuple[int, ...], target: Any) -> tuple[list[slice], list[slice], list[int]]:
+    """Where the input's centered window lands in the output: the input's and the output's slice per dim,
+    and the output shape. A crop starts half the difference in (rounded down), a pad puts the odd pixel on
+    the right."""
+    dims = ints(target)
+    axes = [axis_index("CenterCropPad", a, len(shape)) for a in node.attrs.get("axes", range(len(shape)))]
+    if len(dims) != len(axes) or any(d < 0 for d in dims):
+        raise ShapeError(f"CenterCropPad: shape {dims} must give one size >= 0 per axis of {axes}")
+    source, dest, out = [slice(None)] * len(shape), [slice(None)] * len(shape), list(shape)
+    for axis, size in zip(axes, dims):
+        have = shape[axis]
+        out[axis] = size
+        if have >= size:
+            start = (have - size) // 2
+            source[axis] = slice(start, start + size)
         else:
-            y = x.reshape(n, b, b, c // (b * b), h, w).transpose(0, 3, 4, 1, 5, 2)
-        return y.reshape(n, c // (b * b), h * b, w * b)
-
-    return run
-
-
-op("SpaceToDepth", space_to_depth)
-op("DepthToSpace", depth_to_space)
-
-
-def eye_like(node: Node, opset: int) -> Fn:
-    k, dtype = int(node.attrs.get("k", 0)), node.attrs.get("dtype")
-
-    def run(x: np.ndarray) -> np.ndarray:
-        if x.ndim != 2:
-            raise ShapeError(f"EyeLike: expects a 2-D input, got shape {x.shape}")
-        target = x.dtype if dtype is None else np.dtype(dtype_name(int(dtype)))
-        return np.eye(x.shape[0], x.shape[1], k, dtype=target)
-
-    return run
-
-
-op("EyeLike", eye_like)
-
-
-def compress(node: Node, opset: int) -> Fn:
-    axis = node.attrs.get("axis")
-
-    def run(x: np.ndarray, condition: np.ndarray) -> np.ndarray:
-        keep = np.asarray(condition, bool).reshape(-1)
-        if axis is None:
-            return np.compress(keep, x.reshape(-1))
-        ax = axis_index("Compress", axis, x.ndim)
-        return np.compress(keep, x, axis=ax)
-
-    return run
-
-
-op("Compress", compress, host_inputs=(1,), shape_inputs=(1,))
-
-
-def reverse_sequence(node: Node, opset: int) -> Fn:
-    batch_axis, time_axis = int(node.attrs.get("batch_axis", 1)), int(node.attrs.get("time_axis", 0))
-
-    def run(x: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-        y = x.copy()
-        for b, n in enumerate(np.asarray(lengths).reshape(-1)):
-            index = [slice(None)] * x.ndim
-            index[batch_axis], index[time_axis] = b, slice(0, int(n))
-            y[tuple(index)] = np.flip(x[tuple(index)], axis=time_axis - (time_axis > batch_axis))
-        return y
-
-    return run
-
-
-op("ReverseSequence", reverse_sequence)
-op("NonZero", lambda node, opset: lambda x: np.array(np.nonzero(x), np.int64).reshape(np.ndim(x), -1),
-   shape_inputs=(0,))  # fmt: skip
+            start = (size - have) // 2
+            dest[axis] = slice(start, start + have)
+    return source, dest, out
 
 
 def center_crop_pad(node: Node, opset: int) -> Fn:
-    attr_axes = node.attrs.get("axes")
-
     def run(x: np.ndarray, target: np.ndarray) -> np.ndarray:
-        axes = [axis_index("CenterCropPad", a, x.ndim) for a in attr_axes] if attr_axes else list(range(x.ndim))
-        sizes = ints(target)
-        if len(sizes) != len(axes):
-            raise ShapeError(f"CenterCropPad: {len(sizes)} sizes for axes {axes}")
-        source = [slice(None)] * x.ndim
-        place = [slice(None)] * x.ndim
-        shape = list(x.shape)
-        for a, n in zip(axes, sizes):
-            dim = x.shape[a]
-            shape[a] = n
-            start = abs(dim - n) // 2
-            if n < dim:
-                source[a] = slice(start, start + n)
-            else:
-                place[a] = slice(start, start + dim)
+        source, dest, shape = center_windows(node, x.shape, target)
         out = np.zeros(shape, x.dtype)
-        out[tuple(place)] = x[tuple(source)]
+        out[tuple(dest)] = x[tuple(source)]
         return out
 
     return run
 
 
-op("CenterCropPad", center_crop_pad, shape_inputs=(1,))
+def center_crop_pad_torch(node: Node, opset: int) -> Fn:
+    def run(x: Any, target: Any) -> Any:
+        source, dest, shape = center_windows(node, tuple(x.shape), target)
+        out = x.new_zeros(shape)
+        out[tuple(dest)] = x[tuple(source)]
+        return out
+
+    return run
+
+
+def center_crop_pad_size(node: Node, args: list, opset: int) -> tuple[tuple[int, ...], int]:
+    return tuple(center_windows(node, tuple(args[0].shape), args[1])[2]), itemsize(args[0])
+
+
+op("CenterCropPad", center_crop_pad, center_crop_pad_torch, shape_inputs=(1,), size=center_crop_pad_size)
+
+
+# -- EyeLike ----------------------------------------------------------------------------------------------------
+def eye_like(node: Node, opset: int) -> Fn:
+    k = node.attrs.get("k", 0)
+
+    def run(x: np.ndarray) -> np.ndarray:
+        if x.ndim != 2:
+            raise ShapeError(f"EyeLike: expected a 2-d input, got shape {x.shape}")
+        return np.eye(*x.shape, k=k, dtype=elem_dtype(node, "dtype", np.dtype(dtype_name(x))))  # x may be a tensor
+
+    return run
+
+
+def eye_like_torch(node: Node, opset: int) -> Fn:
+    k = node.attrs.get("k", 0)
+
+    def run(x: Any) -> Any:
+        if x.dim() != 2:
+            raise ShapeError(f"EyeLike: expected a 2-d input, got shape {tuple(x.shape)}")
+        dtype = elem_dtype(node, "dtype")
+        rows, cols = x.shape
+        out = torch.zeros((rows, cols), dtype=x.dtype if dtype is None else torch_dtype(dtype.name), device=x.device)
+        return out.diagonal(k).fill_(1).base if min(rows, cols) and -rows < k < cols else out
+
+    return run
+
+
+op("EyeLike", eye_like, eye_like_torch, shape_only=True, check=check_elem_dtype("dtype"))

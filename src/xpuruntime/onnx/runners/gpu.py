@@ -21,7 +21,7 @@ from ..errors import UnsupportedModelError
 from ..executor import ExecutionPlan, Planner, Step
 from ..feeds import check_arrays, check_tensors
 from ..ops import OPS
-from ..ops.record import F, as_tensor, torch, torch_dtype
+from ..ops.record import F, as_tensor, on_host, torch, torch_dtype
 from .base import GraphVariant, Runner
 
 try:
@@ -99,7 +99,7 @@ class GpuPlanner(Planner):
     def function(self, node: Node) -> Callable:
         record = OPS[node.op]
         if record.torch is None:  # as onnxruntime falls back to its CPU provider: correct, not fast
-            return _on_host(record.numpy(node, self.graph.opset), self.device)
+            return on_host(record.numpy, self.device)(node, self.graph.opset)
         fn = record.torch(node, self.graph.opset)
         if all(p in record.host_inputs for p in range(len(node.inputs))):
             return _on_device(fn, self.device)  # made from host values alone (Range, ConstantOfShape)
@@ -146,19 +146,6 @@ def _on_device(fn: Callable, device: Any) -> Callable:
     def run(*args: Any) -> Any:
         result = fn(*args)
         return tuple(r.to(device) for r in result) if isinstance(result, tuple) else result.to(device)
-
-    return run
-
-
-def _on_host(fn: Callable, device: Any) -> Callable:
-    """An op's NumPy function on host copies of its tensors, the results moved back to `device` (a sync per
-    call: the plan still runs, but a CUDA graph cannot capture it)."""
-
-    def run(*args: Any) -> Any:
-        result = fn(*(a.detach().cpu().numpy() if isinstance(a, _torch_module.Tensor) else a for a in args))
-        if isinstance(result, tuple | list):
-            return tuple(as_tensor(np.asarray(r), device) for r in result)
-        return as_tensor(np.asarray(result), device)
 
     return run
 

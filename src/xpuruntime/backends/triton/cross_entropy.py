@@ -1,0 +1,276 @@
+"""Triton linear_cross_entropy and its backward: cuBLAS GEMMs (through torch) over chunks of rows, and one
+Triton kernel per chunk that turns the chunk's logits into row losses and, in place, into logit gradients.
+
+Per chunk of C rows: logits = hidden_c @ weight.T (+ bias) in the inputs' dtype, into a (C, V) buffer; the row
+kernel reads each row (once when V <= MAX_ONE_PASS fits in registers, else an online max/sum pass and a
+gradient pass), writes the row's loss and overwrites the logits with (eps = label_smoothing, t the row's target)
+    d loss / d z_j = scale_r * (softmax_j * (1 + 2 z_loss_scale lse) - eps / V - (1 - eps) [j = t])
+(0 for ignored rows, NaN for a target out of range); then grad_hidden_c = dz @ weight (one GEMM into the
+output rows) and grad_weight += dz.T @ hidden_c, accumulated in fp32 across chunks (cuBLAS with beta = 1 where
+PyTorch offers an fp32-output GEMM of half inputs, else via an fp32 product), grad_bias += the column sums.
+
+Only one (C, V) logits chunk is alive: C is chosen so that it takes LOGITS_CHUNK_BYTES at most (128 MiB:
+2048 rows of a 32000-token vocabulary in bf16). Larger chunks would read and write the fp32 grad_weight
+accumulator fewer times (each pass moves 8 * V * H bytes); at C >= 1024 that GEMM is compute-bound, so
+the budget costs little time. Scratch buffers come from PyTorch's caching allocator (transient: the step's
+backward reuses them), not the runtime's per-thread workspace, which would hold them for good. Nothing syncs
+with the host: counts and scales stay on the device, so a CUDA graph can capture the whole op.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+from ...abi import ArgPack, LaunchConfig
+from ...context import DispatchContext
+from ...registry import kernel
+from .common import FLOAT_DTYPES, INTERPRET, as_torch, launch, next_pow2, no_negative_strides
+
+LOGITS_CHUNK_BYTES = 128 << 20
+MAX_ONE_PASS = 32768  # vocabulary entries of a row kept in registers
+LOOP_BLOCK = 8192
+
+
+@triton.jit
+def _ce_rows_kernel(
+    z_ptr, target_ptr, loss_ptr, scale_ptr, V, stride_z, scale_stride, ignore_index, smoothing, z_loss_scale,
+    HAS_LOSS: tl.constexpr, HAS_GRAD: tl.constexpr, ONE_PASS: tl.constexpr, BLOCK_V: tl.constexpr,
+):  # fmt: skip
+    """One program per row of a logits chunk: its loss (HAS_LOSS) and its logit gradient in place (HAS_GRAD)."""
+    row = tl.program_id(0).to(tl.int64)
+    z_row = z_ptr + row * stride_z
+    t = tl.load(target_ptr + row).to(tl.int64)
+    valid = t != ignore_index
+    in_range = (t >= 0) & (t < V)
+    cols = tl.arange(0, BLOCK_V)
+    if ONE_PASS:
+        mask = cols < V
+        z = tl.load(z_row + cols, mask=mask, other=float("-inf")).to(tl.float32)
+        m = tl.max(z, axis=0)
+        e = tl.exp(z - m)
+        total_exp = tl.sum(e, axis=0)
+        total = tl.sum(tl.where(mask, z, 0.0), axis=0)
+    else:
+        m = float("-inf")
+        total_exp = 0.0
+        total = 0.0
+        for start in range(0, V, BLOCK_V):
+            c = start + cols
+            mask = c < V
+            z = tl.load(z_row + c, mask=mask, other=float("-inf")).to(tl.float32)
+            new_m = tl.maximum(m, tl.max(z, axis=0))
+            shift = tl.where(new_m == float("-inf"), 0.0, new_m)  # a block of -inf only: nothing to rescale
+            total_exp = total_exp * tl.exp(m - shift) + tl.sum(tl.exp(z - shift), axis=0)
+            m = new_m
+            total += tl.sum(tl.where(mask, z, 0.0), axis=0)
+    lse = m + tl.log(total_exp)
+    if HAS_LOSS:
+        z_t = tl.load(z_row + t, mask=valid & in_range, other=0.0).to(tl.float32)
+        loss = (1.0 - smoothing) * (lse - z_t) + smoothing * (lse - total / V) + z_loss_scale * lse * lse
+        tl.store(loss_ptr + row, tl.where(valid, tl.where(in_range, loss, float("nan")), 0.0))
+    if HAS_GRAD:
+        scale = tl.load(scale_ptr + row * scale_stride).to(tl.float32)
+        scale = tl.where(valid, tl.where(in_range, scale, float("nan")), 0.0)
+        coef = 1.0 + 2.0 * z_loss_scale * lse
+        if ONE_PASS:
+            g = (e / total_exp) * coef - smoothing / V - tl.where(cols == t, 1.0 - smoothing, 0.0)
+            tl.store(z_row + cols, (g * scale).to(z_ptr.dtype.element_ty), mask=mask)
+        else:
+            for start in range(0, V, BLOCK_V):
+                c = start + cols
+                mask = c < V
+                z = tl.load(z_row + c, mask=mask, other=0.0).to(tl.float32)
+                g = tl.exp(z - lse) * coef - smoothing / V - tl.where(c == t, 1.0 - smoothing, 0.0)
+                tl.store(z_row + c, (g * scale).to(z_ptr.dtype.element_ty), mask=mask)
+
+
+def launch_config(ctx: DispatchContext) -> LaunchConfig:
+    at = ctx.attrs
+    rows, vocab = at["rows"], at["vocab"]
+    per_row = vocab * ctx.tensor("hidden").itemsize
+    chunk = max(1, min(rows, LOGITS_CHUNK_BYTES // per_row))
+    if chunk >= 128:
+        chunk -= chunk % 128
+    one_pass = next_pow2(vocab) <= MAX_ONE_PASS
+    block = next_pow2(vocab) if one_pass else LOOP_BLOCK
+    warps = 1 if INTERPRET else max(4, min(32, block // 1024))
+    params = dict(chunk=chunk, ONE_PASS=one_pass, BLOCK_V=block, num_warps=warps)
+    return LaunchConfig(grid=(chunk,), block=(32 * warps,), params=params)
+
+
+@functools.cache
+def _fp32_output_gemm(device: str) -> bool:
+    """Whether torch.addmm(acc, a, b, out_dtype=float32, out=acc) accumulates half products into fp32 here
+    (CUDA, PyTorch >= 2.8): tried once per device, on a small problem."""
+    try:
+        a = torch.ones((2, 16), dtype=torch.bfloat16, device=device)
+        acc = torch.ones((2, 2), dtype=torch.float32, device=device)
+        torch.addmm(acc, a, a.t(), out_dtype=torch.float32, out=acc)
+        return bool((acc == 17).all())
+    except (RuntimeError, TypeError, NotImplementedError):
+        return False
+
+
+def _fp32_gemm_known(device: torch.device) -> bool:
+    """_fp32_output_gemm, but never first asked during a CUDA graph capture (its check reads the result)."""
+    if device.type != "cuda":
+        return False
+    if torch.cuda.is_current_stream_capturing() and _fp32_output_gemm.cache_info().currsize == 0:
+        return False
+    return _fp32_output_gemm(str(device))
+
+
+def _add_product(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    """acc += a @ b, acc fp32: one GEMM accumulating in place where PyTorch can write half products to fp32,
+    else the product in a's dtype (each chunk's share rounded once) added to acc."""
+    if a.dtype == acc.dtype:
+        acc.addmm_(a, b)
+    elif _fp32_gemm_known(acc.device):
+        torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)
+    else:
+        acc += torch.mm(a, b)
+
+
+class _Chunks:
+    """One call's tensors in launch form, and the per-chunk steps."""
+
+    def __init__(self, args: ArgPack, hidden: Any, weight: Any, target: Any, bias: Any) -> None:
+        at = args.attrs
+        self.at, self.params = at, args.config.params
+        self.n, self.vocab, self.width = at["rows"], at["vocab"], at["hidden"]
+        self.hidden = as_torch(hidden).reshape(self.n, self.width)
+        self.weight, self.bias = as_torch(weight), as_torch(bias)
+        self.target = as_torch(target).reshape(self.n).contiguous()
+        self.valid = self.target != at["ignore_index"]
+        chunk = min(self.params["chunk"], self.n)
+        self.logits = torch.empty((chunk, self.vocab), dtype=self.hidden.dtype, device=self.hidden.device)
+
+    def scale(self, grad_loss: torch.Tensor | None) -> tuple[torch.Tensor, int]:
+        """(each row's factor on its logit gradient, its stride): the upstream gradient (1 in the forward),
+        over the count of rows not ignored for "mean"; all on the device."""
+        device = self.hidden.device
+        g = torch.ones((), dtype=torch.float32, device=device) if grad_loss is None else grad_loss.float()
+        if self.at["reduction"] == "mean":
+            g = g / self.valid.sum().clamp_min(1).float()
+        return (g.reshape(self.n).contiguous(), 1) if g.dim() else (g, 0)
+
+    def run(self, losses: torch.Tensor | None, scale: tuple[torch.Tensor, int] | None, grads: tuple) -> None:
+        """Every chunk: logits, row kernel, and the gradient GEMMs for the buffers in `grads`."""
+        grad_hidden, grad_weight, grad_bias = grads
+        step = self.logits.shape[0]
+        accumulators = [self._accumulator(g, step) for g in (grad_weight, grad_bias)]
+        for start in range(0, self.n, step):
+            rows = self.hidden[start : start + step]
+            z = self.logits[: rows.shape[0]]
+            if self.bias is None:
+                torch.mm(rows, self.weight.t(), out=z)
+            else:
+                torch.addmm(self.bias, rows, self.weight.t(), out=z)
+            self._row_kernel(z, start, losses, scale)
+            if scale is None:
+                continue
+            if grad_hidden is not None:
+                torch.mm(z, self.weight, out=grad_hidden.view(self.n, self.width)[start : start + rows.shape[0]])
+            if accumulators[0] is not None:
+                self._accumulate(accumulators[0], grad_weight, z.t(), rows, start)
+            if accumulators[1] is not None:
+                self._accumulate(accumulators[1], grad_bias, z.t(), None, start)
+        for acc, buffer in zip(accumulators, (grad_weight, grad_bias)):
+            if acc is not None and acc is not buffer:
+                buffer.copy_(acc)
+
+    def _accumulator(self, buffer: torch.Tensor | None, step: int) -> torch.Tensor | None:
+        """Where a parameter gradient sums over chunks: the buffer itself when it is fp32 or there is one chunk."""
+        if buffer is None:
+            return None
+        if buffer.dtype == torch.float32 or self.n <= step:
+            return buffer.zero_()
+        return torch.zeros(buffer.shape, dtype=torch.float32, device=buffer.device)
+
+    def _accumulate(self, acc: torch.Tensor, buffer: torch.Tensor, dz_t: torch.Tensor, rows: Any, start: int) -> None:
+        if rows is None:  # bias: the column sums of dz
+            acc += dz_t.sum(dim=1, dtype=torch.float32)
+        elif acc is buffer and self.n <= dz_t.shape[1] and acc.dtype == dz_t.dtype:
+            torch.mm(dz_t, rows, out=acc)  # one chunk, one GEMM straight into the buffer
+        else:
+            _add_product(acc, dz_t, rows)
+
+    def _row_kernel(self, z: torch.Tensor, start: int, losses: torch.Tensor | None, scale: Any) -> None:
+        p, at = self.params, self.at
+        c = z.shape[0]
+        scale_t, scale_stride = scale if scale is not None else (z, 0)
+        if scale is not None and scale_stride:
+            scale_t = scale_t[start:]
+        launch(
+            _ce_rows_kernel, (c,), z, self.target[start:], z if losses is None else losses[start:], scale_t,
+            self.vocab, z.stride(0), scale_stride, at["ignore_index"], at["label_smoothing"], at["z_loss_scale"],
+            HAS_LOSS=losses is not None, HAS_GRAD=scale is not None, ONE_PASS=p["ONE_PASS"], BLOCK_V=p["BLOCK_V"],
+            num_warps=p["num_warps"],
+        )  # fmt: skip
+
+
+def _zero(buffers: tuple) -> None:
+    for b in buffers:
+        if b is not None:
+            b.zero_()
+
+
+def _loss_into(out: torch.Tensor, losses: torch.Tensor, chunks: _Chunks) -> None:
+    reduction = chunks.at["reduction"]
+    if reduction == "none":
+        if losses.data_ptr() != out.data_ptr():
+            out.copy_(losses.view(out.shape))
+        return
+    total = losses.sum()
+    if reduction == "mean":
+        total = total / chunks.valid.sum()  # 0 / 0 = NaN when every row is ignored, as PyTorch
+    out.copy_(total)
+
+
+def _row_losses(out: torch.Tensor, chunks: _Chunks) -> torch.Tensor:
+    """Where the row losses go: `out` itself for reduction="none" when it is a contiguous fp32 array."""
+    if chunks.at["reduction"] == "none" and out.is_contiguous():
+        return out.view(chunks.n)
+    return torch.empty(chunks.n, dtype=torch.float32, device=out.device)
+
+
+_HINTS = dict(backend="triton", dtypes=FLOAT_DTYPES, priority=30, launch_config=launch_config,
+              conditions=(no_negative_strides,), fused=True)  # fmt: skip
+
+
+@kernel("linear_cross_entropy", "triton", **_HINTS)
+def linear_cross_entropy_triton(args: ArgPack) -> None:
+    """Chunked logits (cuBLAS), row losses and in-place logit gradients (Triton), gradient GEMMs per chunk."""
+    hidden, weight, target, bias, *grads = args.inputs
+    chunks = _Chunks(args, hidden, weight, target, bias)
+    out = as_torch(args.out)
+    grads = tuple(as_torch(g) for g in grads)
+    if chunks.n == 0:
+        _zero(grads)
+        _loss_into(out, torch.zeros(0, dtype=torch.float32, device=out.device), chunks)
+        return
+    losses = _row_losses(out, chunks)
+    chunks.run(losses, chunks.scale(None) if any(g is not None for g in grads) else None, grads)
+    _loss_into(out, losses, chunks)
+
+
+@kernel("linear_cross_entropy_backward", "triton", **_HINTS)
+def linear_cross_entropy_backward_triton(args: ArgPack) -> None:
+    """The logits again per chunk, their gradients in place, and the gradient GEMMs."""
+    grad_loss, hidden, weight, target, bias, grad_weight, grad_bias = args.inputs
+    chunks = _Chunks(args, hidden, weight, target, bias)
+    out = as_torch(args.out)
+    grads = (out, as_torch(grad_weight), as_torch(grad_bias))
+    if chunks.n == 0:
+        _zero(grads)
+        return
+    direct = out.is_contiguous()
+    grad_hidden = out if direct else torch.empty(out.shape, dtype=out.dtype, device=out.device)
+    chunks.run(None, chunks.scale(as_torch(grad_loss)), (grad_hidden, *grads[1:]))
+    if not direct:
+        out.copy_(grad_hidden)
