@@ -323,9 +323,16 @@ def _returned_output(plan: Plan, returned: Any) -> Any:
 
 
 def _launch_error(plan: Plan, exc: Exception) -> XpuRuntimeError:
-    """The error a failed launch raises: LaunchError naming op, kernel and launch config, or OutOfMemoryError
-    when the kernel's own temporaries did not fit (NumPy's MemoryError, PyTorch's OutOfMemoryError)."""
-    kernel = plan.kernel
+    """The error a failed launch raises: LaunchError naming op, kernel and launch config; OutOfMemoryError
+    when the kernel's own temporaries did not fit (NumPy's MemoryError, PyTorch's OutOfMemoryError);
+    ArgumentError for a Python int scalar beyond the float range (scalar values are no part of the plan key,
+    so this is found, at no cost to other calls, when the kernel cannot convert it)."""
+    kernel, ctx = plan.kernel, plan.decision.ctx
+    ints = [name for name, spec in zip(ctx.arg_names, ctx.inputs) if spec is int]
+    if isinstance(exc, OverflowError) and ints and "too large" in str(exc):  # a scalar's value is not in the key
+        names = " or ".join(f"'{name}'" for name in ints)
+        return ArgumentError(f"{kernel.op}: argument {names} expected a number within the float range, got a Python "
+                             f"int beyond it ({exc})")  # fmt: skip
     out_of_memory = isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError"
     return (OutOfMemoryError if out_of_memory else LaunchError)(
         f"{kernel.op}: kernel '{kernel.name}' [{kernel.backend}] "

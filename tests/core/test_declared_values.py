@@ -114,3 +114,11 @@ def test_float_attributes_beyond_the_float_range_are_argument_errors(call, argum
     x = np.random.rand(4, 8).astype(np.float32)
     with pytest.raises(ArgumentError, match=rf"argument '{argument}' expected a finite number"):
         call(x)
+
+
+def test_a_python_int_scalar_beyond_the_float_range_is_an_argument_error():
+    x = np.random.rand(4).astype(np.float32)
+    np.testing.assert_allclose(xrt.ops.sin_affine(x, 2, 1), np.sin(2 * x + 1), rtol=1e-6)  # the plan for int scalars
+    for a, b in ((10**400, 1), (2, -(10**400))):
+        with pytest.raises(ArgumentError, match=r"sin_affine: argument 'a' or 'b' expected a number within the float"):
+            xrt.ops.sin_affine(x, a, b)  # a plan-cache hit: the value is seen by the kernel only
