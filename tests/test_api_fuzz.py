@@ -7,6 +7,13 @@ dtype) or raises an `XpuRuntimeError` subclass whose message names the op and an
 exception type, no kernel crash (`LaunchError` on a call the schema accepted), inputs never modified,
 and the CLI never prints a traceback. New ops are fuzzed without editing this file: the op list is the
 registry's. `XPURUNTIME_FUZZ_SCALE` scales the example counts (1 in CI).
+
+The classes of issue 26 are drawn too: outputs whose elements overlap each other, devices with almost no
+memory (every output must then be refused by size, naming the op, its shape and bytes), integers beyond the
+float range as attributes, hand-made TensorSpecs, kernels declaring unknown dtypes, returns_output kernels
+returning anything, tuning-cache files of any content and depth, TOML policy files in any suffix case.
+Hazards that would hang or exhaust this process (FIFOs, /dev/zero) are driven in guarded child processes
+instead (tests/core/test_checked_files.py, tests/cli/test_cli_fuzz.py).
 """
 
 from __future__ import annotations
@@ -34,9 +41,10 @@ from xpuruntime.arguments import normalize_call
 from xpuruntime.cli import main
 from xpuruntime.context import build_context
 from xpuruntime.dispatch import Dispatcher
-from xpuruntime.errors import LaunchError, NoKernelError, XpuRuntimeError
+from xpuruntime.errors import LaunchError, NoKernelError, OutOfMemoryError, XpuRuntimeError
 from xpuruntime.policy import KernelPolicy
-from xpuruntime.registry import Registry, default_registry
+from xpuruntime.registry import Registry, default_registry, kernel
+from xpuruntime.runtime import capacity, tuning_cache
 
 SCALE = float(os.environ.get("XPURUNTIME_FUZZ_SCALE", "1"))
 
@@ -117,7 +125,8 @@ def fill(rng: np.random.Generator, shape: tuple[int, ...], dtype: np.dtype) -> n
     return np.zeros(shape, dtype)  # strings, void, structured
 
 
-LAYOUTS = ("contiguous", "fortran", "reversed", "strided", "offset", "transposed", "broadcast", "unaligned")
+LAYOUTS = ("contiguous", "fortran", "reversed", "strided", "offset", "transposed", "broadcast", "unaligned",
+           "overlapping")  # fmt: skip
 
 
 _RNG = [np.random.default_rng(0)]  # values of the example being drawn: seeded once per example by `seed`
@@ -148,6 +157,9 @@ def arrays(draw: st.DrawFn, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarr
     if layout == "broadcast" and shape:
         row = fill(rng, (1, *shape[1:]), dtype)
         return np.broadcast_to(row, shape)  # stride 0, read-only
+    if layout == "overlapping" and len(shape) >= 1 and shape[0] > 1:
+        row = fill(rng, shape[1:], dtype)  # stride 0 and writable: as an out=, its elements overlap each other
+        return np.lib.stride_tricks.as_strided(row, shape=shape, strides=(0, *row.strides))
     if layout == "unaligned" and dtype.itemsize > 1 and dtype.kind in "biufc":
         data = fill(rng, shape, dtype)
         raw = np.empty(data.nbytes + 1, np.uint8)
@@ -179,7 +191,8 @@ class Hostile:
 
 
 ODD_VALUES = [
-    None, True, False, 0, 1, -1, 3, 2**70, -(2**70), 0.0, -0.0, 1.5, -2.5, math.nan, math.inf, -math.inf, 1e308,
+    None, True, False, 0, 1, -1, 3, 2**70, -(2**70), 10**400, -(10**400), 0.0, -0.0, 1.5, -2.5, math.nan, math.inf,
+    -math.inf, 1e308,
     5e-324, 1 + 2j, "", "x", "float32", "x" * 100_000, b"", b"ab", bytearray(b"a"), [], [1, 2], [1.0, [2.0]],
     [[1.0, 2.0], [3.0, 4.0]], [0.5] * 257, (), (1, 2), ((1, 2), 3), (None,), {}, {"a": 1}, {1, 2}, object(),
     Ellipsis, slice(1), range(3), len, int, np.float32(1.5), np.float16(-2.0), np.int64(2), np.uint8(7),
@@ -327,7 +340,8 @@ def op_calls(draw: st.DrawFn, op: str) -> tuple[tuple, tuple, Any, str | None]:
     if draw(st.integers(0, 19)) == 0:  # wrong arity now and then
         (inputs if draw(st.booleans()) else attrs).append(None)
     kernels = [None, *(k.name for k in REGISTRY.kernels_for(op))]
-    return tuple(inputs), tuple(attrs), out, draw(st.sampled_from(kernels))
+    memory = None if draw(st.integers(0, 9)) else draw(st.sampled_from([0, 1, 64, 4096]))  # a tiny device
+    return tuple(inputs), tuple(attrs), out, draw(st.sampled_from(kernels)), memory
 
 
 # -- checks ------------------------------------------------------------------------------------------------
@@ -346,7 +360,9 @@ def check_error(exc: BaseException, op: str, names: tuple[str, ...]) -> None:
     message = str(exc)
     assert len(message) < 20_000, f"{op}: a {len(message)}-character message"
     assert op in message, f"{op}: the message does not name the op: {message}"
-    if not isinstance(exc, NoKernelError):
+    if isinstance(exc, OutOfMemoryError):  # an output that cannot fit: named by shape and bytes
+        assert (f"{op}: output of shape" in message or f"{op}: workspace of kernel" in message) and "bytes" in message
+    elif not isinstance(exc, NoKernelError):
         assert any(f"'{n}'" in message for n in names) or "arguments" in message or "inputs" in message, (
             f"{op}: the message names no argument: {message}"
         )
@@ -422,7 +438,20 @@ def check_unmodified(op: str, before: list[Any], inputs: tuple, out: Any) -> Non
             assert np.array_equal(old, new, equal_nan=old.dtype.kind in "fc"), f"{op}: an input was modified"
 
 
-def run_fuzzed_call(op: str, inputs: tuple, attrs: tuple, out: Any, preferred: str | None) -> None:
+def run_fuzzed_call(op: str, inputs: tuple, attrs: tuple, out: Any, preferred: str | None, memory: int | None) -> None:
+    """One call; with `memory`, the CPU has that many bytes (a plan made then is not kept)."""
+    if memory is None:
+        return _run_fuzzed_call(op, inputs, attrs, out, preferred)
+    real = capacity.capacity
+    capacity.capacity = lambda device: memory
+    try:
+        _run_fuzzed_call(op, inputs, attrs, out, preferred)
+    finally:
+        capacity.capacity = real
+        DISPATCHER.plans.clear()  # plans made for the tiny device must not serve later calls
+
+
+def _run_fuzzed_call(op: str, inputs: tuple, attrs: tuple, out: Any, preferred: str | None) -> None:
     schema = REGISTRY.ops[op]
     names = (*schema.inputs, *schema.attrs, "out")
     if isinstance(out, np.ndarray) and out.flags.writeable and out.dtype.kind == "f":
@@ -551,6 +580,27 @@ def _policy_file(content: bytes, suffix: str) -> None:
     KernelPolicy.from_file(path)
 
 
+def _returned(value: Any) -> None:
+    """A returns_output kernel giving back `value`: the call returns the op's output or raises LaunchError."""
+    registry = Registry()
+    registry.register_op(REGISTRY.ops["softmax"])
+    registry.register_backend(REGISTRY.backends[CPU_BACKEND])
+    registry.register_kernel(kernel("softmax", "own", backend=CPU_BACKEND, returns_output=True)(lambda args: value))
+    x = np.ones((2, 3), np.float32)
+    got = Dispatcher(registry).run("softmax", (x,), (-1,))
+    assert type(got) is np.ndarray and got.shape == x.shape and got.dtype == x.dtype, got
+
+
+def _tuning_entry(content: bytes) -> None:
+    """A tuning-cache file of any content: read as a dict or ignored with a warning, never an error."""
+    cache = tuning_cache.TuningCache(os.path.join(_FUZZ_DIR, "tuning"))
+    key = tuning_cache.key("matmul", dtypes="float32", shape=(8, 8))
+    entry = cache.path(key)
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    entry.write_bytes(content)
+    assert cache.get(key) is None or isinstance(cache.get(key), dict)
+
+
 def _declare(op: Any, name: Any, backend: Any, hint: str, value: Any) -> None:
     spec = xrt.kernel(op, name, backend=backend, **{hint: value})(lambda args: None)
     registry = Registry()
@@ -572,6 +622,7 @@ policy_values = st.one_of(
     st.sampled_from(["matmul=blocked", "matmul=blocked,strict=true", "strictt=1", "sum=auto", "=", ",,", "a=b=c"]),
     st.dictionaries(st.sampled_from(["matmul", "strict", "preferences", "sync", "math_mode", "x"]), python_values),
 )
+dtype_sets = st.sets(st.sampled_from(["float32", "bfloat16", "float99", "fp32", "", "FLOAT32"]))
 API_CALLS: dict[str, tuple[Callable[..., Any], st.SearchStrategy]] = {
     "KernelPolicy": (lambda kw: KernelPolicy(**kw), st.fixed_dictionaries(
         {}, optional={"preferences": policy_values, "strict": python_values, "math_mode": python_values,
@@ -580,8 +631,18 @@ API_CALLS: dict[str, tuple[Callable[..., Any], st.SearchStrategy]] = {
     "KernelPolicy.from_string": (KernelPolicy.from_string, python_values | st.text(max_size=40)),
     "KernelPolicy.from_dict": (KernelPolicy.from_dict, policy_values),
     "KernelPolicy.from_file": (lambda a: _policy_file(*a), st.tuples(
-        st.binary(max_size=60) | st.sampled_from([b'{"matmul": "blocked"}', b"[" * 50_000, b'{"a": {"b": 1}}']),
-        st.sampled_from([".json", ".toml", ""]))),
+        st.binary(max_size=60) | st.sampled_from([b'{"matmul": "blocked"}', b"[" * 50_000, b'{"a": {"b": 1}}',
+                                                  b'matmul = "blocked"', b"a = [" * 40_000]),
+        st.sampled_from([".json", ".toml", ".TOML", ".Toml", ".JSON", ""]))),
+    "TensorSpec": (lambda kw: TensorSpec(**kw), st.fixed_dictionaries(
+        {"shape": python_values | st.lists(st.integers(-3, 5) | python_values, max_size=4)},
+        optional={"dtype": python_values | st.sampled_from(["float32", "bfloat16", "float99", ""]),
+                  "strides": python_values | st.lists(st.integers(-3, 5), max_size=4),
+                  "device": python_values, "ptr": python_values, "itemsize": python_values})),
+    "returns_output": (_returned, python_values | st.builds(lambda n: np.ones((n, 3), np.float32), st.integers(0, 3))
+                       | st.just((np.ones((2, 3), np.float32),))),
+    "TuningCache.get": (_tuning_entry, st.binary(max_size=200) | st.sampled_from([
+        b"[" * 100_000 + b"]" * 100_000, b'{"format": 1, "key": "x", "value": {}}', b"\xff\xfe", b"{" * 5000])),
     "set_kernel_policy": (_set_policy, policy_values),
     "kernel_policy": (lambda v: _enter(xrt.kernel_policy(v)), policy_values),
     "explain": (lambda a: xrt.explain(a[0], *a[1], policy=a[2], show=False), st.tuples(
@@ -592,7 +653,7 @@ API_CALLS: dict[str, tuple[Callable[..., Any], st.SearchStrategy]] = {
     "Registry.kernel": (lambda a: default_registry().kernel(*a), st.tuples(op_names, python_values)),
     "Registry.kernels_for": (lambda op: default_registry().kernels_for(op), op_names),
     "kernel": (lambda a: _declare(*a), st.tuples(op_names, python_values | st.text(max_size=8), python_values,
-                                                 st.sampled_from(HINTS), python_values)),
+                                                 st.sampled_from(HINTS), python_values | dtype_sets)),
     "MathMode.parse": (xrt.MathMode.parse, python_values),
     "SyncPolicy.parse": (xrt.SyncPolicy.parse, python_values),
 }  # fmt: skip

@@ -20,10 +20,11 @@ from __future__ import annotations
 import contextlib
 import enum
 import math
+import operator
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import PolicyError, clip
+from .errors import ArgumentError, PolicyError, clip
 
 
 class MathMode(enum.Enum):
@@ -103,6 +104,14 @@ _ITEMSIZE = {
 }  # fmt: skip
 
 
+DTYPES = frozenset(_ITEMSIZE)  # the dtype names kernels declare and TensorSpecs made by hand take
+
+
+def itemsize(dtype: str) -> int:
+    """Bytes per element of a dtype name; 0 for a name outside DTYPES."""
+    return _ITEMSIZE.get(dtype, 0)
+
+
 def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     """Row-major strides, in elements."""
     strides, step = [], 1
@@ -117,7 +126,9 @@ class TensorSpec:
     """A tensor as the ABI sees it: shape, dtype, strides (elements), device and data pointer.
 
     Build one from an array with `xpuruntime.arrays.describe`, or by hand to ask `explain` about
-    a call without allocating anything: `TensorSpec((256, 512), "float16")`.
+    a call without allocating anything: `TensorSpec((256, 512), "float16")`. Sizes are integers >= 0 (a
+    sequence of them: a string is not one), strides integers, one per size; a spec made by hand (no
+    `itemsize`) names a dtype of DTYPES. Anything else raises ArgumentError naming the field.
     """
 
     shape: tuple[int, ...]
@@ -128,11 +139,33 @@ class TensorSpec:
     itemsize: int = 0
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "shape", tuple(int(n) for n in self.shape))
+        shape = self.shape
+        if type(shape) is not tuple or not all(type(n) is int and n >= 0 for n in shape):  # fast for plain tuples
+            object.__setattr__(self, "shape", _integers("shape", shape, "a sequence of sizes >= 0", minimum=0))
         if self.strides is None:
             object.__setattr__(self, "strides", contiguous_strides(self.shape))
+        elif (
+            type(self.strides) is not tuple
+            or len(self.strides) != len(self.shape)
+            or not all(type(s) is int for s in self.strides)
+        ):
+            strides = _integers("strides", self.strides, f"{len(self.shape)} integers (one per size)")
+            if len(strides) != len(self.shape):
+                raise _spec_error("strides", f"{len(self.shape)} integers (one per size)", self.strides)
+            object.__setattr__(self, "strides", strides)
+        if type(self.itemsize) is not int or self.itemsize < 0:
+            raise _spec_error("itemsize", "an integer >= 0", self.itemsize)
+        if not isinstance(self.dtype, str) or not self.dtype:
+            raise _spec_error("dtype", "a dtype name like 'float32'", self.dtype)
         if not self.itemsize:
-            object.__setattr__(self, "itemsize", _ITEMSIZE.get(self.dtype, 0))
+            if self.dtype not in DTYPES:
+                raise _spec_error("dtype", f"one of {', '.join(sorted(DTYPES))}", self.dtype)
+            object.__setattr__(self, "itemsize", _ITEMSIZE[self.dtype])
+        if not isinstance(self.device, str) or type(self.ptr) is not int:
+            field_name, expected = (
+                ("device", "a device name") if not isinstance(self.device, str) else ("ptr", "an int")
+            )
+            raise _spec_error(field_name, expected, getattr(self, field_name))
 
     @property
     def ndim(self) -> int:
@@ -153,6 +186,26 @@ class TensorSpec:
     def layout(self) -> str:
         """'contiguous', 'transposed' (last two axes swapped, else contiguous) or 'strided'."""
         return layout_class(self.shape, self.strides)
+
+
+def _spec_error(field_name: str, expected: str, got: Any) -> ArgumentError:
+    return ArgumentError(f"TensorSpec: argument '{field_name}' expected {expected}, got {clip(got)}")
+
+
+def _integers(field_name: str, values: Any, expected: str, minimum: int | None = None) -> tuple[int, ...]:
+    """`values` as a tuple of Python ints (NumPy integers too; no bools, floats or strings)."""
+    if isinstance(values, str | bytes) or not hasattr(values, "__iter__"):
+        raise _spec_error(field_name, expected, values)
+    try:
+        items = tuple(values)
+        if any(isinstance(n, bool) for n in items):
+            raise TypeError
+        result = tuple(operator.index(n) for n in items)
+    except Exception:  # a float, a string, an iterator that raises
+        raise _spec_error(field_name, expected, values) from None
+    if minimum is not None and any(n < minimum for n in result):
+        raise _spec_error(field_name, expected, values)
+    return result
 
 
 def layout_class(shape: tuple[int, ...], strides: tuple[int, ...]) -> str:

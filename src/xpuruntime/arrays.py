@@ -5,6 +5,7 @@ PyTorch is never imported here: a tensor is recognised only if the user already 
 
 from __future__ import annotations
 
+import math
 import sys
 from typing import Any
 
@@ -103,7 +104,9 @@ def describe(x: Any) -> TensorSpec:
         return x
     if isinstance(x, np.ndarray):
         itemsize = x.itemsize
-        if itemsize and any(s % itemsize for s in x.strides):
+        if not itemsize:
+            raise LayoutError(f"array of dtype {x.dtype} has elements of 0 bytes")
+        if any(s % itemsize for s in x.strides):
             raise LayoutError(
                 f"array strides {x.strides} (bytes) are not a multiple of its itemsize {itemsize} "
                 "(a field of a structured array?); pass a copy"
@@ -111,7 +114,7 @@ def describe(x: Any) -> TensorSpec:
         return TensorSpec(
             shape=x.shape,
             dtype=x.dtype.name,
-            strides=tuple(s // itemsize for s in x.strides) if itemsize else x.strides,
+            strides=tuple(s // itemsize for s in x.strides),
             device="cpu",
             ptr=x.__array_interface__["data"][0],
             itemsize=itemsize,
@@ -169,6 +172,31 @@ def _same_view(a: Any, b: Any) -> bool:
     return (sa.ptr, sa.shape, sa.strides, sa.dtype) == (sb.ptr, sb.shape, sb.strides, sb.dtype)
 
 
+MAX_OVERLAP_PROOF = 1 << 20  # elements enumerated to prove that an unusually strided view does not overlap itself
+
+
+def overlaps_itself(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+    """Whether two elements of a view (strides in elements) share memory. Exact: dims sorted by stride, each
+    stride beyond the reach of the smaller ones proves the view free of overlap; otherwise its offsets are
+    enumerated (a view too large for that counts as overlapping)."""
+    if 0 in shape:
+        return False
+    dims = sorted((abs(s), n) for n, s in zip(shape, strides) if n > 1)
+    reach = 0  # the largest offset the dims so far reach
+    for stride, n in dims:
+        if stride <= reach:
+            break
+        reach += stride * (n - 1)
+    else:
+        return False
+    if any(stride == 0 for stride, _ in dims) or math.prod(n for _, n in dims) > MAX_OVERLAP_PROOF:
+        return True
+    offsets = np.zeros(1, np.int64)
+    for stride, n in dims:
+        offsets = (offsets[:, None] + np.arange(n, dtype=np.int64) * stride).reshape(-1)
+    return len(np.unique(offsets)) < len(offsets)
+
+
 def check_output_aliasing(
     op: str, names: tuple[str, ...], inputs: tuple, out: Any, inplace: bool, out_name: str = "out"
 ) -> None:
@@ -183,3 +211,57 @@ def check_output_aliasing(
             continue
         rule = "no overlap, or exactly the same view for in-place use" if inplace else "no overlap"
         raise LayoutError(f"{op}: argument '{out_name}' overlaps input '{name}'; expected {rule}")
+
+
+def check_out_autograd(op: str, names: tuple[str, ...], inputs: tuple, out: Any) -> None:
+    """`out=` into a PyTorch tensor, refused where PyTorch's own out= functions refuse it: while grad mode is on
+    and any tensor of the call requires grad (autograd cannot record the write: gradients would be silently
+    wrong), and into an inference tensor outside inference mode."""
+    torch = sys.modules["torch"]
+    if torch.is_grad_enabled():
+        tensor = torch.Tensor
+        for name, x in zip(("out", *names), (out, *inputs)):
+            if isinstance(x, tensor) and x.requires_grad:
+                raise ArgumentError(
+                    f"{op}: argument '{name}' requires grad, and a call with out= is not recorded by autograd (as "
+                    "PyTorch's out= functions refuse it); call it under torch.no_grad(), or without out="
+                )
+    _check_inference(op, "out", out, torch)
+
+
+def check_written_tensor(op: str, name: str, x: Any) -> None:
+    """A PyTorch tensor a kernel writes besides `out` (an op's buffer): refused while grad mode is on if it
+    requires grad, and as an inference tensor outside inference mode, as PyTorch's in-place ops refuse them."""
+    torch = sys.modules["torch"]
+    if x.requires_grad and torch.is_grad_enabled():
+        raise ArgumentError(
+            f"{op}: argument '{name}' requires grad, and the kernels write it without autograd recording the write; "
+            "call it under torch.no_grad(), or pass a tensor that does not require grad"
+        )
+    _check_inference(op, name, x, torch)
+
+
+def _check_inference(op: str, name: str, x: Any, torch: Any) -> None:
+    if x.is_inference() and not torch.is_inference_mode_enabled():
+        raise ArgumentError(
+            f"{op}: argument '{name}' is an inference tensor, which may be written only inside torch.inference_mode()"
+        )
+
+
+def mark_written(out: Any) -> None:
+    """Bump a tensor's version counter, as PyTorch's in-place ops do: a backward that saved its old values then
+    raises instead of computing wrong gradients."""
+    sys.modules["torch"].autograd.graph.increment_version(out)
+
+
+def returned_array_problem(x: Any, shape: tuple[int, ...], dtype: str, device: str) -> str | None:
+    """Why `x` is not an array of `shape` and `dtype` on `device` (a NumPy array on the CPU, a tensor
+    elsewhere); None when it is."""
+    expected = f"a {dtype} array of shape {shape} on {device}"
+    on_cpu = device == "cpu"
+    if not (type(x) is np.ndarray if on_cpu else is_torch_tensor(x)):
+        return f"{expected}, got {type(x).__name__}"
+    got = describe(x)
+    if (got.shape, got.dtype, got.device) != (tuple(shape), dtype, device):
+        return f"{expected}, got a {got.dtype} array of shape {got.shape} on {got.device}"
+    return None

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .abi import MathMode, TensorSpec
-from .arrays import SCALAR_TYPES, describe
+from .arrays import SCALAR_TYPES, describe, overlaps_itself
 from .errors import ArgumentError, DeviceMismatchError, DTypeError, LayoutError, ShapeError, argument_error
 
 if TYPE_CHECKING:
@@ -167,6 +167,9 @@ def build_context(schema: OpSchema, inputs: tuple, attrs: tuple, out: Any, polic
     ctx = dataclasses.replace(ctx, out_dtype=schema.infer_dtype(ctx), out_shape=schema.infer_shape(ctx))
     if out_spec is not None:
         _check_out(ctx, out_spec)
+    for name, spec in zip(schema.inputs, specs):  # buffers the kernels write are outputs too
+        if name in schema.buffers and isinstance(spec, TensorSpec):
+            _refuse_self_overlap(schema.name, name, spec)
     return ctx
 
 
@@ -175,3 +178,13 @@ def _check_out(ctx: DispatchContext, out: TensorSpec) -> None:
         raise argument_error(ShapeError, ctx.op, "out", f"shape {ctx.out_shape}", out.shape)
     if out.dtype != ctx.out_dtype:
         raise argument_error(DTypeError, ctx.op, "out", f"dtype {ctx.out_dtype}", out.dtype)
+    _refuse_self_overlap(ctx.op, "out", out)
+
+
+def _refuse_self_overlap(op: str, name: str, spec: TensorSpec) -> None:
+    """A written array whose elements share memory gives wrong results (strides are in the plan key: this runs
+    once per plan)."""
+    if overlaps_itself(spec.shape, spec.strides):
+        expected = "an array whose elements do not overlap each other"
+        got = f"strides {spec.strides} for shape {spec.shape} (a zero or overlapping stride)"
+        raise argument_error(LayoutError, op, name, expected, got)

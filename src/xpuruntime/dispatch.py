@@ -20,17 +20,20 @@ from collections.abc import Callable, Hashable, Mapping
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+from numpy import ndarray
+
 from . import arguments
-from .abi import ArgPack, SyncPolicy
+from .abi import ArgPack, SyncPolicy, itemsize
 from .arguments import attr_values, fill_inputs, has_cpu_tensor, normalize_call
-from .arrays import NotAnArray
-from .context import build_context
-from .errors import ArgumentError, KernelFallbackWarning, LaunchError, PolicyError
+from .arrays import NotAnArray, check_out_autograd, is_cpu_tensor, is_torch_tensor, mark_written
+from .context import DispatchContext, build_context
+from .errors import ArgumentError, KernelFallbackWarning, LaunchError, OutOfMemoryError, PolicyError, XpuRuntimeError
 from .log import OBSERVERS, DispatchEvent, DispatchRecord
 from .plan import Plan, PlanCache
 from .policy import KernelPolicy, current_policy
-from .registry import Backend, Registry, default_registry, no_stream
+from .registry import Backend, KernelSpec, Registry, default_registry, no_stream
 from .runtime import extension
+from .runtime.capacity import check_bytes, check_fits
 from .runtime.workspace import WorkspaceManager
 from .selector import Decision, Scorer, Selector, default_scorer
 
@@ -125,10 +128,13 @@ class Dispatcher:
         if plan is None:  # tuning launches kernels: nested framework calls go to the framework
             plan = _tracked(self._plan_miss, op, inputs, attrs, out, policy, key)
         stream = None if plan.current_stream is None else plan.current_stream(plan.device)
+        tensor_out = out is not None and type(out) is not ndarray  # a PyTorch tensor: autograd's rules apply
         if plan.schema.buffers:
             plan.schema.check_buffers(inputs)
         if out is not None:
             plan.schema.check_layout(inputs, out)
+            if tensor_out:
+                check_out_autograd(op, plan.schema.inputs, inputs, out)
         elif not plan.returns_output:
             out = plan.allocate(stream)
         launch_start = time.perf_counter_ns() if start else 0
@@ -145,7 +151,11 @@ class Dispatcher:
         except Exception as exc:
             raise _launch_error(plan, exc) from exc
         if out is None:  # a returns_output kernel called without out=: its return value is the result
-            out = _returned_output(plan, returned)
+            out = _returned_output(plan, returned) if hit else _checked_output(plan, returned)
+        elif tensor_out:
+            mark_written(out)
+        if plan.schema.buffers:
+            plan.schema.mark_buffers_written(inputs)
         if start:
             _notify_observers(plan, hit, start, launch_start)
         return out
@@ -155,13 +165,22 @@ class Dispatcher:
         """Slow path: convert array-likes, NumPy scalars, unhashable attributes and CPU tensors (to NumPy
         views of their memory), run, and give callers what they passed in: their own `out`, or for CPU
         tensors a CPU tensor sharing the result's memory."""
-        inputs_, attrs_, out_ = normalize_call(self.registry.op(op), inputs, attrs, out)
+        schema = self.registry.op(op)
+        if out is not None and is_torch_tensor(out):  # before a CPU tensor becomes a NumPy view without autograd
+            check_out_autograd(op, schema.inputs, inputs, out)
+        if schema.buffers:
+            schema.check_buffers(inputs)
+        inputs_, attrs_, out_ = normalize_call(schema, inputs, attrs, out)
         try:
             hash(arguments.plan_key(op, 0, attrs_, inputs_, out_))
         except (NotAnArray, TypeError) as exc:  # never loop: normalized arguments must make a key
             raise ArgumentError(f"{op}: arguments cannot be dispatched ({type(exc).__name__}: {exc})") from None
         result = self.run(op, inputs_, attrs_, out_, policy)
+        if schema.buffers:  # CPU tensors among the buffers were written through NumPy views of their memory
+            schema.mark_buffers_written(tuple(x if is_cpu_tensor(x) else None for x in inputs))
         if out is not None:
+            if out_ is not out and is_torch_tensor(out):  # written through a NumPy view of its memory
+                mark_written(out)
             return out
         if not has_cpu_tensor(inputs, None):
             return result
@@ -196,6 +215,7 @@ class Dispatcher:
         kernel, ctx = decision.kernel, decision.ctx
         backend = self.registry.backends[kernel.backend]
         workspace_bytes = int(kernel.workspace_bytes(ctx))
+        _check_fits(ctx, kernel, workspace_bytes)
         finish = _finisher(backend, ctx.op, ctx.device, policy.sync)
         stream_used = not backend.ambient_stream or workspace_bytes or finish is not None
         return Plan(
@@ -268,6 +288,29 @@ def _finisher(backend: Backend, op: str, device: str, sync: SyncPolicy) -> Any:
     return None
 
 
+def _check_fits(ctx: DispatchContext, kernel: KernelSpec, workspace_bytes: int) -> None:
+    """OutOfMemoryError, before anything is allocated, for an output or workspace that cannot fit on the
+    call's device (checked once per plan: the key fixes both sizes)."""
+    if ctx.out is None and ctx.out_shape is not None and ctx.out_dtype is not None:
+        check_fits(f"{ctx.op}: output", ctx.out_shape, ctx.out_dtype, itemsize(ctx.out_dtype), ctx.device)
+    if workspace_bytes:
+        check_bytes(f"{ctx.op}: workspace of kernel '{kernel.name}'", workspace_bytes, ctx.device)
+
+
+def _checked_output(plan: Plan, returned: Any) -> Any:
+    """A returns_output kernel's result at a plan's first launch: the array (or tuple) the op's schema says,
+    else a LaunchError naming the kernel. Later launches of the plan only refuse None (as the C hit path)."""
+    returned = _returned_output(plan, returned)
+    problem = plan.schema.returned_problem(plan.decision.ctx, returned)
+    if problem is not None:
+        kernel = plan.kernel
+        raise LaunchError(
+            f"{kernel.op}: kernel '{kernel.name}' [{kernel.backend}] declares returns_output=True and must return "
+            f"{problem} ({plan.decision.ctx.summary()})"
+        )
+    return returned
+
+
 def _returned_output(plan: Plan, returned: Any) -> Any:
     """What a returns_output kernel gave back when the caller passed no out=; None is a broken kernel."""
     if returned is None:
@@ -279,10 +322,21 @@ def _returned_output(plan: Plan, returned: Any) -> Any:
     return returned
 
 
-def _launch_error(plan: Plan, exc: Exception) -> LaunchError:
-    kernel = plan.kernel
-    return LaunchError(
-        f"{kernel.op}: kernel '{kernel.name}' [{kernel.backend}] failed "
+def _launch_error(plan: Plan, exc: Exception) -> XpuRuntimeError:
+    """The error a failed launch raises: LaunchError naming op, kernel and launch config; OutOfMemoryError
+    when the kernel's own temporaries did not fit (NumPy's MemoryError, PyTorch's OutOfMemoryError);
+    ArgumentError for a Python int scalar beyond the float range (scalar values are no part of the plan key,
+    so this is found, at no cost to other calls, when the kernel cannot convert it)."""
+    kernel, ctx = plan.kernel, plan.decision.ctx
+    ints = [name for name, spec in zip(ctx.arg_names, ctx.inputs) if spec is int]
+    if isinstance(exc, OverflowError) and ints and "too large" in str(exc):  # a scalar's value is not in the key
+        names = " or ".join(f"'{name}'" for name in ints)
+        return ArgumentError(f"{kernel.op}: argument {names} expected a number within the float range, got a Python "
+                             f"int beyond it ({exc})")  # fmt: skip
+    out_of_memory = isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError"
+    return (OutOfMemoryError if out_of_memory else LaunchError)(
+        f"{kernel.op}: kernel '{kernel.name}' [{kernel.backend}] "
+        f"{'ran out of memory' if out_of_memory else 'failed'} "
         f"(launch config {plan.config.describe()}; {plan.decision.ctx.summary()}): {type(exc).__name__}: {exc}"
     )
 

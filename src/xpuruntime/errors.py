@@ -66,6 +66,16 @@ class LaunchError(XpuRuntimeError, RuntimeError):
     """A kernel failed while running; the message names op, kernel and launch config."""
 
 
+class OutOfMemoryError(XpuRuntimeError, MemoryError):
+    """A call's output or workspace cannot fit in its device's memory; the message names the op, the shape
+    and the bytes. Raised when the plan is made, before anything is allocated."""
+
+
+class FileError(XpuRuntimeError, OSError):
+    """A file cannot be read as asked: missing, unreadable, not a regular file (a FIFO, a device, a folder),
+    larger than its kind allows, or a link inside the cache folder."""
+
+
 MAX_ECHO = 120  # characters of a user's value that a message repeats
 
 

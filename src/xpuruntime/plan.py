@@ -9,13 +9,14 @@ the key); registering or removing a kernel drops that op's plans.
 from __future__ import annotations
 
 import functools
+import math
 import threading
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from .abi import LaunchConfig, TensorSpec
+from .abi import LaunchConfig, itemsize
 from .registry import KernelSpec
 from .schema import OpSchema
 from .selector import Decision
@@ -85,8 +86,8 @@ class Plan:
         """(bytes moved, FLOPs) of one call: each tensor read once and the output written once."""
         if self._cost is None:
             ctx = self.decision.ctx
-            out = TensorSpec(ctx.out_shape, ctx.out_dtype)
-            self._cost = (sum(t.nbytes for t in ctx.tensors) + out.nbytes, int(self.schema.flops(ctx)))
+            out_bytes = math.prod(ctx.out_shape or ()) * itemsize(ctx.out_dtype or "")
+            self._cost = (sum(t.nbytes for t in ctx.tensors) + out_bytes, int(self.schema.flops(ctx)))
         return self._cost
 
     def __repr__(self) -> str:

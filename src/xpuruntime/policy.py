@@ -22,7 +22,8 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .abi import MathMode, SyncPolicy
-from .errors import PolicyError, UnknownOpError, XpuRuntimeError, clip, cut, unknown_name
+from .errors import FileError, PolicyError, UnknownOpError, XpuRuntimeError, clip, cut, unknown_name
+from .files import read_bytes
 
 if TYPE_CHECKING:
     from .registry import Registry
@@ -33,6 +34,7 @@ AUTO = "auto"  # a preference of "auto" means: no preference for this op
 AUTOTUNE = "autotune"  # a preference of "autotune": time the supported kernels once per call signature
 _OPTIONS = ("strict", "math_mode", "deterministic", "sync", "autotune")
 MAX_NESTING = 32  # deeper policy files are refused before the parser recurses into them
+MAX_POLICY_FILE_BYTES = 1 << 20  # a policy is a few lines: anything this large is not one
 
 
 class Fingerprint:
@@ -235,21 +237,22 @@ class KernelPolicy:
 
     @classmethod
     def from_file(cls, path: str | os.PathLike, validate: bool = True) -> KernelPolicy:
-        """Load a TOML (.toml) or JSON (any other suffix) file with the keys `from_dict` takes."""
+        """Load a TOML (.toml, any case) or JSON (any other suffix) file with the keys `from_dict` takes; a
+        regular file of at most MAX_POLICY_FILE_BYTES (a FIFO or a device is refused, not read)."""
         try:
             path = Path(path)
         except TypeError:
             raise PolicyError(f"policy file: expected a path, got {clip(path)}") from None
         try:
-            text = path.read_bytes().decode("utf-8-sig")
-        except OSError as exc:
-            raise PolicyError(f"cannot read policy file {path}: {exc.strerror or exc}") from None
+            text = read_bytes(path, "policy file", limit=MAX_POLICY_FILE_BYTES).decode("utf-8-sig")
+        except FileError as exc:  # missing, unreadable, a FIFO or device, too large
+            raise PolicyError(str(exc)) from None
         except UnicodeDecodeError as exc:
             raise PolicyError(f"policy file {path} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
         if _nesting(text) > MAX_NESTING:
             raise PolicyError(f"policy file {path} is nested more than {MAX_NESTING} levels deep")
         try:
-            data = _toml().loads(text) if path.suffix == ".toml" else json.loads(text)
+            data = _toml().loads(text) if path.suffix.lower() == ".toml" else json.loads(text)
         except (ValueError, RecursionError) as exc:  # TOMLDecodeError and JSONDecodeError are ValueErrors
             raise PolicyError(f"policy file {path} is malformed: {cut(str(exc), 200)}") from None
         if not isinstance(data, dict):

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .abi import ArgPack, LaunchConfig
+from .abi import DTYPES, ArgPack, LaunchConfig
 from .errors import RegistrationError, UnknownKernelError, UnknownNameError, UnknownOpError, clip, cut, unknown_name
 
 if TYPE_CHECKING:
@@ -178,6 +178,10 @@ def _validate(spec: KernelSpec) -> None:
         not isinstance(spec.dtypes, frozenset) or not all(isinstance(d, str) and d for d in spec.dtypes)
     ):
         raise _bad(spec, "dtypes", "None or a set of dtype names like {'float32', 'float16'}", spec.dtypes)
+    for dtype in sorted(spec.dtypes or ()):
+        if dtype not in DTYPES:  # a misspelt dtype would make the kernel silently never run
+            raise unknown_name(RegistrationError, "dtype", dtype, DTYPES, where=f" in field 'dtypes' of kernel "
+                               f"{_label(spec.op, spec.name)}")  # fmt: skip
     if not isinstance(spec.conditions, tuple) or not all(callable(c) for c in spec.conditions):
         raise _bad(spec, "conditions", "a tuple of callables, like conditions=(my_condition,)", spec.conditions)
     priority = spec.priority

@@ -90,7 +90,7 @@ def test_demo_trace_into_a_missing_folder_fails_before_running(capsys: pytest.Ca
 def test_demo_rejects_zero_iterations(capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run_cli(capsys, "demo", "--iterations", "0")
     assert code == 2
-    assert "expected an integer >= 1, got '0'" in err
+    assert "expected an integer from 1 to 100000, got '0'" in err
 
 
 @pytest.mark.parametrize(

@@ -156,7 +156,7 @@ def test_device_mismatch_with_torch_tensors():
         (lambda: xrt.ops.sum(A, keepdims="yes"), "argument 'keepdims' expected a bool"),
         (lambda: xrt.ops.attention(A, A, A, attn_mask=np.ones((3, 3), bool), is_causal=True), "not both"),
         (lambda: xrt.ops.attention(A, A, A, scale=float("nan")), "argument 'scale' expected a finite number"),
-        (lambda: xrt.ops.layer_norm(A, 4, eps=-1.0), "argument 'eps' expected a number >= 0"),
+        (lambda: xrt.ops.layer_norm(A, 4, eps=-1.0), "argument 'eps' expected a finite number >= 0"),
         (lambda: xrt.ops.layer_norm(A, "4"), "argument 'normalized_shape' expected an int or a tuple"),
         (lambda: xrt.ops.matmul(None, A), "matmul: argument 'a' expected an array, got None"),
         (lambda: xrt.ops.matmul(2.0, A), "matmul: argument 'a' expected an array, got Python float"),

@@ -128,7 +128,7 @@ WRITER = textwrap.dedent(
     mode = sys.argv[1]
     if mode == "hang-before-rename":
         real_replace = os.replace
-        def stuck(*args):
+        def stuck(*args, **kwargs):
             print("written", flush=True)
             time.sleep(600)
         os.replace = stuck

@@ -17,21 +17,19 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..files import read_bytes
 from .row import Result
 
+MAX_RESULT_BYTES = 64 << 20  # a result file is tens of KB
 FORMAT = 2  # result files written before the subjects split had no "format", "machine" or "commit"
 PACKAGES = ("numpy", "torch", "triton", "nvmath-python", "cuda-core", "onnx", "onnxruntime", "xpuruntime")
 _NVIDIA_SMI_FIELDS = ("driver_version", "clocks.sm", "clocks.max.sm", "clocks.mem", "power.limit")
 
 
 def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    from ..runtime.device import devices  # the CPU's model name, read through the checked opener
+
+    return devices()[0].description or platform.processor() or platform.machine()
 
 
 def _nvidia_smi() -> dict[str, str]:
@@ -118,7 +116,7 @@ OLD_GROUPS = {"gemv": "gemm", "reduction": "elementwise"}  # groups of format-1 
 def load(path: Path) -> dict[str, Any]:
     """A result file as a document of the current format (older files had `environment` instead of `machine`,
     `versions` and `date`, and rows without a subject)."""
-    doc = json.loads(Path(path).read_text())
+    doc = json.loads(read_bytes(path, "benchmark result file", limit=MAX_RESULT_BYTES))
     if doc.get("format") == FORMAT:
         return doc
     env = doc.get("environment", {})

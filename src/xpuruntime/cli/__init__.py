@@ -26,7 +26,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from .. import __version__
-from ..errors import ArgumentError, XpuRuntimeError
+from ..errors import ArgumentError, FileError, XpuRuntimeError, cut
 
 OPTIONAL_PACKAGES = (
     "torch", "triton", "nvmath-python", "cuda-core", "cuda-python", "cuda-bindings", "onnx", "onnxruntime",
@@ -71,7 +71,7 @@ def parse_literal(text: str) -> Any:
 def parse_attr(text: str) -> tuple[str, Any]:
     """'axis=-1' -> ('axis', -1)."""
     key, sep, value = text.partition("=")
-    if not sep or not key.strip():
+    if not sep or not key.strip() or not value.strip():
         raise ArgumentError(f"bad --attr {text!r}: expected name=value, like axis=-1")
     return key.strip(), parse_literal(value)
 
@@ -85,7 +85,14 @@ def tensor_specs(shapes: Sequence[str], dtypes: Sequence[str]) -> list[Any]:
             f"give one --dtype for all shapes or one per --shape (got {len(dtypes)} dtypes for {len(shapes)} shapes)"
         )
     dtypes = list(dtypes) * len(shapes) if len(dtypes) == 1 else list(dtypes)
-    return [TensorSpec(parse_shape(shape), dtype) for shape, dtype in zip(shapes, dtypes)]
+    specs = []
+    for shape, dtype in zip(shapes, dtypes):
+        sizes = parse_shape(shape)
+        try:
+            specs.append(TensorSpec(sizes, dtype))
+        except ArgumentError as exc:  # TensorSpec names its field; the user typed an option
+            raise ArgumentError(f"bad --dtype {dtype!r}: {str(exc).partition(' expected ')[2]}") from None
+    return specs
 
 
 # -- small formatting helpers --------------------------------------------------------------------
@@ -129,6 +136,7 @@ def cmd_info(args: argparse.Namespace, console: Console) -> int:
     import numpy
 
     from ..registry import default_registry
+    from ..runtime import extension
     from ..runtime.device import devices, probe_report
     from ..runtime.tuning_cache import cache_dir
 
@@ -161,7 +169,12 @@ def cmd_info(args: argparse.Namespace, console: Console) -> int:
         console.print(f"CUDA probe: {escape(line)}", highlight=False)
     gpu = [b.name for b in registry.backends.values() if b.device_type == "cuda" and b.unavailable_reason is None]
     console.print(f"GPU backends available: {', '.join(gpu) or 'none'}", highlight=False)
-    console.print(f"Tuning cache: {escape(str(cache_dir()))} (set XPURUNTIME_CACHE_DIR to move it)", highlight=False)
+    try:
+        folder = escape(str(cache_dir()))
+    except FileError as exc:
+        folder = f"[red]unusable:[/] {escape(str(exc))}"
+    console.print(f"Tuning cache: {folder} (set XPURUNTIME_CACHE_DIR to move it)", highlight=False)
+    console.print(f"C++ extension: {escape(extension.status())}", highlight=False)
     return 0
 
 
@@ -215,11 +228,19 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
 
 
 # -- the parser ----------------------------------------------------------------------------------
-def _positive_int(text: str) -> int:
-    """argparse type for --iterations: an integer >= 1."""
-    if not text.strip().isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
-    return int(text)
+MAX_ITERATIONS = 100_000  # a bound on repeated runs: a mistyped count must not run for days
+
+
+def bounded_int(low: int, high: int = MAX_ITERATIONS) -> Callable[[str], int]:
+    """argparse type: an integer in [low, high], in ASCII digits ('²' is a digit to str.isdigit)."""
+
+    def parse(text: str) -> int:
+        digits = text.strip()
+        if not (digits.isascii() and digits.isdigit()) or not low <= int(digits) <= high:
+            raise argparse.ArgumentTypeError(f"expected an integer from {low} to {high}, got {cut(text, 40)!r}")
+        return int(digits)
+
+    return parse
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -244,7 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
     ex.set_defaults(handler=cmd_explain)
 
     demo = commands.add_parser("demo", help="run the built-in encoder demo under several policies")
-    demo.add_argument("--iterations", type=_positive_int, default=3, help="forward passes per policy (default 3)")
+    demo.add_argument("--iterations", type=bounded_int(1), default=3, help="forward passes per policy (default 3)")
     demo.add_argument("--trace", help="profile the auto run and write a Chrome trace here")
     demo.add_argument("--size", choices=("small", "medium"), default="small")
     demo.set_defaults(handler=cmd_demo)
@@ -275,4 +296,7 @@ def main(argv: list[str] | None = None) -> int:
         return handler(args, make_console())
     except (XpuRuntimeError, OSError) as exc:
         print(f"xpuruntime {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except MemoryError as exc:  # what was asked for does not fit (sizes are checked first where they are known)
+        print(f"xpuruntime {args.command}: error: out of memory: {exc or 'an allocation failed'}", file=sys.stderr)
         return 2

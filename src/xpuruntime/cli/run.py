@@ -5,6 +5,7 @@ Without a model it runs the built-in encoder made with onnx.helper (no download,
 from __future__ import annotations
 
 import argparse
+import os
 import time
 import zipfile
 from typing import Any
@@ -13,7 +14,9 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from ..errors import ArgumentError
+from ..errors import ArgumentError, FileError
+from ..files import open_binary, open_fd
+from ..runtime.capacity import check_fits
 
 _NUMPY = {"tensor(float)": "float32", "tensor(double)": "float64", "tensor(float16)": "float16",
           "tensor(int64)": "int64", "tensor(int32)": "int32", "tensor(int8)": "int8", "tensor(uint8)": "uint8",
@@ -24,10 +27,22 @@ def _dims(pairs: list[str]) -> dict[str, int]:
     result = {}
     for pair in pairs:
         name, _, value = pair.partition("=")
-        if not value.strip().isdigit():
-            raise ArgumentError(f"run: --dim expected NAME=INT, got {pair!r}")
+        value = value.strip()
+        if not name.strip() or not (value.isascii() and value.isdigit()):  # isdigit alone takes '²'
+            raise ArgumentError(f"run: --dim expected NAME=INT with a name and a size in digits, got {pair!r}")
         result[name.strip()] = int(value)
     return result
+
+
+def _check_dims(session: Any, dims: dict[str, int]) -> None:
+    """Every --dim names a symbolic dim of the model's inputs."""
+    known = {str(d) for arg in session.get_inputs() for d in arg.shape if not isinstance(d, int)}
+    unknown = sorted(set(dims) - known)
+    if unknown:
+        raise ArgumentError(
+            f"run: --dim {', '.join(map(repr, unknown))}: the model's inputs have no such symbolic dim "
+            f"(they have: {', '.join(sorted(known)) or 'none'})"
+        )
 
 
 SHAPE_PRESERVING = ("Cast", "Identity", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Expand")
@@ -57,13 +72,15 @@ def index_limits(graph: Any) -> dict[str, int]:
 
 def random_feed(session: Any, dims: dict[str, int], seed: int = 0) -> dict[str, np.ndarray]:
     """Random inputs of the model's declared types; symbolic dims from `dims` (default 2). Integers that index a
-    table (token ids into an embedding) lie within it; other integers in [0, 10)."""
+    table (token ids into an embedding) lie within it; other integers in [0, 10). An input that cannot fit in
+    memory raises OutOfMemoryError before anything is allocated."""
     rng = np.random.default_rng(seed)
     limits = index_limits(session.original)
     feed = {}
     for arg in session.get_inputs():
         shape = [d if isinstance(d, int) else dims.get(str(d), 2) for d in arg.shape]
         dtype = np.dtype(_NUMPY.get(arg.type, "float32"))
+        check_fits(f"run: input '{arg.name}'", shape, dtype.name, dtype.itemsize, "cpu")
         if dtype.kind == "f":
             feed[arg.name] = rng.standard_normal(shape).astype(dtype)
         elif dtype.kind == "b":
@@ -74,24 +91,33 @@ def random_feed(session: Any, dims: dict[str, int], seed: int = 0) -> dict[str, 
 
 
 def _load_feed(path: str) -> dict[str, np.ndarray]:
+    """The arrays of an .npz file, each checked to fit in memory (from its header) before it is read."""
     expected = f"--inputs {path!r}: expected a .npz file (np.savez) with one array per model input"
     try:
-        data = np.load(path)  # allow_pickle stays off: a feed is arrays, never code
-        if not isinstance(data, np.lib.npyio.NpzFile):
-            raise ArgumentError(expected)
-        with data:
-            return {k: data[k] for k in data.files}
+        with open_binary(path, "--inputs file") as file:
+            data = np.load(file)  # allow_pickle stays off: a feed is arrays, never code
+            if not isinstance(data, np.lib.npyio.NpzFile):
+                raise ArgumentError(expected)
+            with data:
+                for name in data.files:
+                    shape, dtype = _npy_header(data.zip, name)
+                    check_fits(f"--inputs {path!r}: array '{name}'", shape, dtype.name, dtype.itemsize, "cpu")
+                return {k: data[k] for k in data.files}
+    except FileError as exc:
+        raise ArgumentError(f"run: {exc}") from None
     except OSError as exc:
         raise ArgumentError(f"--inputs {path!r}: cannot read it: {exc.strerror or exc}") from None
-    except (ValueError, zipfile.BadZipFile):  # not an archive (NumPy guesses a pickle), or object arrays
+    except (ValueError, zipfile.BadZipFile, EOFError):  # not an archive (NumPy guesses a pickle), object arrays
         raise ArgumentError(expected) from None
 
 
-def _non_negative_int(text: str) -> int:
-    """argparse type for --iterations: an integer >= 0."""
-    if not text.strip().isdigit():
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
-    return int(text)
+def _npy_header(archive: zipfile.ZipFile, name: str) -> tuple[tuple[int, ...], np.dtype]:
+    """(shape, dtype) of one array of an .npz archive, read from its header alone."""
+    with archive.open(f"{name}.npy") as member:
+        version = np.lib.format.read_magic(member)
+        read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, _, dtype = read(member)
+    return shape, dtype
 
 
 def cmd_run(args: argparse.Namespace, console: Console) -> int:
@@ -100,15 +126,20 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     from ..onnx.builtin import encoder_inputs, encoder_model
 
     options = SessionOptions(graph_optimization_level=args.level)
+    dims = _dims(args.dim)
+    if args.model:
+        os.close(open_fd(args.model, "ONNX model file"))  # a regular file: a FIFO would block the loader forever
     model = args.model if args.model else encoder_model().SerializeToString()
     session = InferenceSession(model, options, policy=args.policy, device=args.device)
-    dims = _dims(args.dim)
+    _check_dims(session, dims)
     if args.inputs:
         feed = _load_feed(args.inputs)
     elif args.model:
         feed = random_feed(session, dims)
     else:
-        feed = encoder_inputs(dims.get("batch", 2), dims.get("seq", 16))
+        batch, seq = dims.get("batch", 2), dims.get("seq", 16)
+        check_fits("run: inputs 'input_ids' and 'attention_mask'", (2, batch, seq), "int64", 8, "cpu")
+        feed = encoder_inputs(batch, seq)
     start = time.perf_counter()
     outputs = session.run(None, feed)
     first_ms = (time.perf_counter() - start) * 1e3
@@ -146,6 +177,8 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
 
 def add_parser(commands: Any) -> None:
     """Register the `run` subcommand on the CLI's subparsers."""
+    from . import bounded_int
+
     run = commands.add_parser("run", help="run an ONNX model (default: a built-in encoder)")
     run.add_argument("model", nargs="?", help="MODEL.onnx (default: the built-in encoder)")
     run.add_argument("--device", default="cpu", help="cpu or cuda")
@@ -153,6 +186,6 @@ def add_parser(commands: Any) -> None:
     run.add_argument("--inputs", help="a .npz file with one array per model input")
     run.add_argument("--level", default="all", choices=("disabled", "basic", "extended", "all"))
     run.add_argument("--dim", action="append", default=[], help="symbolic dim size NAME=INT (default 2)")
-    run.add_argument("--iterations", type=_non_negative_int, default=10, help="timed runs after the first (default 10)")
+    run.add_argument("--iterations", type=bounded_int(0), default=10, help="timed runs after the first (default 10)")
     run.add_argument("--explain", action="store_true", help="print each step's kernel and why")
     run.set_defaults(handler=cmd_run)

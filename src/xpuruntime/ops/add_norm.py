@@ -168,7 +168,7 @@ def residual_buffer(op: str, x: Any, residual: Any, residual_out: Any, out: Any)
             x, residual = as_array(x), as_array(residual)
         dtypes = (_dtype_name(x), _dtype_name(residual))
         dtype = promoted(*dtypes) if all(d in _ORDER for d in dtypes) else "float32"
-        return empty_like_backend(x, tuple(getattr(x, "shape", ())), dtype)
+        return empty_like_backend(x, tuple(getattr(x, "shape", ())), dtype, f"{op}: residual_out")
     if not _is_array(residual_out):
         return residual_out  # the dispatcher names what is wrong with it
     if _is_array(out) and overlaps(out, residual_out):

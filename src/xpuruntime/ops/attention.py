@@ -15,7 +15,7 @@ from ..context import DispatchContext
 from ..dispatch import run
 from ..errors import ArgumentError, DTypeError, ShapeError, argument_error, clip
 from ..schema import OpSchema
-from .checks import broadcast, require_dtype_like, require_float, require_ndim
+from .checks import broadcast, finite_float, require_dtype_like, require_float, require_ndim
 
 
 def check_qkv(ctx: DispatchContext) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
@@ -57,9 +57,7 @@ def check_mask_and_scale(ctx: DispatchContext, batch: tuple[int, ...], is_causal
     scale = ctx.attrs["scale"]
     if scale is None:
         return 1.0 / math.sqrt(q[-1])
-    if not isinstance(scale, numbers.Real) or isinstance(scale, bool) or not math.isfinite(scale):
-        raise argument_error(ArgumentError, ctx.op, "scale", "a finite number or None", repr(scale))
-    return float(scale)
+    return finite_float(ctx.op, "scale", scale, "a finite number or None")
 
 
 def check_dtypes(ctx: DispatchContext) -> str:

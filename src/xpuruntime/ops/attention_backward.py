@@ -121,6 +121,7 @@ ATTENTION_BACKWARD = OpSchema(
     infer_shape=lambda ctx: (sum(ctx.attrs["sizes"]),),
     reference=reference,
     flops=flops,
+    returned_parts=lambda ctx: tuple((ctx.tensor(n).shape, ctx.out_dtype) for n in ("q", "k", "v")),
     doc="Gradients of attention (dq, dk, dv packed in one array, or a returns_output kernel's tuple) from the "
     "saved output and logsumexp.",
 )

@@ -23,10 +23,12 @@ from typing import Any
 
 import numpy as np
 
+from ..abi import itemsize
 from ..arrays import as_array, is_torch_tensor
 from ..context import DispatchContext
 from ..dispatch import run
 from ..errors import DTypeError, ShapeError, argument_error
+from ..runtime.capacity import check_fits
 from ..schema import OpSchema
 from .attention import causal_mask, check_bool, check_dtypes, check_mask_and_scale, check_qkv
 
@@ -162,8 +164,11 @@ ATTENTION_FORWARD = OpSchema(
 )
 
 
-def empty_like_backend(x: Any, shape: tuple[int, ...], dtype: str) -> Any:
-    """An uninitialized array on x's device and library (NumPy or torch)."""
+def empty_like_backend(x: Any, shape: tuple[int, ...], dtype: str, what: str) -> Any:
+    """An uninitialized array on x's device and library (NumPy or torch); `what` names it ("attention_forward:
+    lse") in the OutOfMemoryError raised, before anything is allocated, when it cannot fit on the device."""
+    device = str(x.device) if is_torch_tensor(x) else "cpu"
+    check_fits(what, shape, dtype, itemsize(dtype), device)
     if is_torch_tensor(x):
         import torch
 
@@ -180,6 +185,6 @@ def attention_forward(
         q = as_array(q)
     shape = getattr(q, "shape", ())
     dtype = lse_dtype(str(getattr(q, "dtype", "")).removeprefix("torch."))
-    lse = empty_like_backend(q, (*shape[:-2], shape[-2]) if len(shape) >= 2 else (0,), dtype)
+    lse = empty_like_backend(q, (*shape[:-2], shape[-2]) if len(shape) >= 2 else (0,), dtype, "attention_forward: lse")
     result = run("attention_forward", (q, k, v, attn_mask, lse), (is_causal, scale, enable_gqa), out)
     return result, lse

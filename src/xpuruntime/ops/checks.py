@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 import operator
 from collections.abc import Sequence
 from typing import Any
@@ -11,12 +12,13 @@ import numpy as np
 
 from ..abi import FLOAT_DTYPES, INT_DTYPES
 from ..context import DispatchContext
-from ..errors import ArgumentError, DTypeError, ShapeError, argument_error
+from ..errors import ArgumentError, DTypeError, ShapeError, argument_error, clip
 
 __all__ = [
     "FLOAT_DTYPES",
     "INT_DTYPES",
     "broadcast",
+    "finite_float",
     "int_attribute",
     "normalize_axis",
     "numel",
@@ -45,6 +47,20 @@ def require_ndim(ctx: DispatchContext, name: str, minimum: int) -> None:
     ndim = ctx.tensor(name).ndim
     if ndim < minimum:
         raise argument_error(ShapeError, ctx.op, name, f"at least {minimum} dimension(s)", f"{ndim}-d")
+
+
+def finite_float(op: str, name: str, value: Any, expected: str, minimum: float = -math.inf) -> float:
+    """A real number attribute as a finite float >= `minimum`: bools, NaN, infinities and integers beyond the
+    float range (10**400) raise an ArgumentError naming the argument."""
+    try:
+        if not isinstance(value, numbers.Real) or isinstance(value, bool):
+            raise TypeError
+        number = float(value)  # OverflowError for an int beyond 1.8e308
+    except (TypeError, ValueError, OverflowError):
+        raise argument_error(ArgumentError, op, name, expected, clip(value)) from None
+    if not math.isfinite(number) or number < minimum:
+        raise argument_error(ArgumentError, op, name, expected, clip(value))
+    return number
 
 
 def int_attribute(ctx: DispatchContext, name: str) -> int:

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import numbers
 from typing import Any
 
 import numpy as np
@@ -47,18 +46,17 @@ from ..dispatch import run
 from ..errors import ArgumentError, DTypeError, ShapeError, argument_error
 from ..schema import OpSchema
 from .attention_forward import empty_like_backend
-from .checks import int_attribute, numel, require_dtype_like, require_float, require_ndim
+from .checks import finite_float, int_attribute, numel, require_dtype_like, require_float, require_ndim
 
 REDUCTIONS = ("mean", "sum", "none")
 GRADS = ("grad_hidden", "grad_weight", "grad_bias")
 
 
 def _number(ctx: DispatchContext, name: str, low: float, high: float, expected: str) -> float:
-    value = ctx.attrs[name]
-    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and low <= value <= high
-    if not ok or not math.isfinite(value):
-        raise argument_error(ArgumentError, ctx.op, name, expected, repr(value))
-    return float(value)
+    value = finite_float(ctx.op, name, ctx.attrs[name], expected, minimum=low)
+    if value > high:
+        raise argument_error(ArgumentError, ctx.op, name, expected, repr(ctx.attrs[name]))
+    return value
 
 
 def check_options(ctx: DispatchContext) -> dict[str, Any]:
@@ -242,20 +240,20 @@ def linear_cross_entropy(
 
 
 def gradient_buffers(
-    hidden: Any, weight: Any, bias: Any, weight_grad: bool, with_hidden: bool = True
+    hidden: Any, weight: Any, bias: Any, weight_grad: bool, with_hidden: bool = True, op: str = "linear_cross_entropy"
 ) -> tuple[Any, Any, Any]:
     """Fresh grad_hidden (None without with_hidden), grad_weight (None without weight_grad) and grad_bias (None
     without bias or weight_grad) beside hidden, in its tensors' dtypes."""
 
-    def like(t: Any) -> Any:
+    def like(t: Any, name: str) -> Any:
         shape, dtype = tuple(getattr(t, "shape", ())), str(getattr(t, "dtype", "")).removeprefix("torch.")
         floating = dtype in ("float16", "bfloat16", "float32", "float64")
-        return empty_like_backend(hidden, shape, dtype if floating else "float32")
+        return empty_like_backend(hidden, shape, dtype if floating else "float32", f"{op}: {name}")
 
     return (
-        like(hidden) if with_hidden else None,
-        like(weight) if weight_grad else None,
-        like(bias) if weight_grad and bias is not None else None,
+        like(hidden, "grad_hidden") if with_hidden else None,
+        like(weight, "grad_weight") if weight_grad else None,
+        like(bias, "grad_bias") if weight_grad and bias is not None else None,
     )
 
 

@@ -83,7 +83,9 @@ def linear_cross_entropy_backward(
     head) grad_weight and grad_bias are None and cost nothing."""
     with contextlib.suppress(TypeError, ValueError):  # the dispatcher names the bad argument
         hidden, weight, bias = (as_array(t) for t in (hidden, weight, bias))
-    _, grad_weight, grad_bias = gradient_buffers(hidden, weight, bias, weight_grad, with_hidden=False)
+    _, grad_weight, grad_bias = gradient_buffers(
+        hidden, weight, bias, weight_grad, with_hidden=False, op="linear_cross_entropy_backward"
+    )
     options = (ignore_index, label_smoothing, reduction, z_loss_scale)
     inputs = (grad_loss, hidden, weight, target, bias, grad_weight, grad_bias)
     grad_hidden = run("linear_cross_entropy_backward", inputs, options, out)

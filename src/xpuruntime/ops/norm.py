@@ -12,8 +12,6 @@ eps sits inside the square root in both. `offset` applies to a given weight (Non
 
 from __future__ import annotations
 
-import math
-import numbers
 import operator
 from typing import Any
 
@@ -23,7 +21,7 @@ from ..context import DispatchContext
 from ..dispatch import run
 from ..errors import ArgumentError, ShapeError, argument_error
 from ..schema import OpSchema
-from .checks import numel, require_dtype_like, require_float, stored_as
+from .checks import finite_float, numel, require_dtype_like, require_float, stored_as
 
 
 def _normalized_shape(ctx: DispatchContext) -> tuple[int, ...]:
@@ -53,9 +51,7 @@ def _eps(ctx: DispatchContext, default: float | None) -> float:
     eps = ctx.attrs["eps"]
     if eps is None:
         eps = default if default is not None else MACHINE_EPSILON.get(ctx.tensor("x").dtype)
-    if not isinstance(eps, numbers.Real) or isinstance(eps, bool) or not 0 <= eps < float("inf"):
-        raise argument_error(ArgumentError, ctx.op, "eps", "a number >= 0", repr(eps))
-    return float(eps)
+    return finite_float(ctx.op, "eps", eps, "a finite number >= 0", minimum=0.0)
 
 
 def _check_params(ctx: DispatchContext, names: tuple[str, ...], dims: tuple[int, ...]) -> None:
@@ -74,12 +70,10 @@ def _layer_norm_attrs(ctx: DispatchContext) -> dict[str, Any]:
 def rms_options(ctx: DispatchContext) -> dict[str, Any]:
     """The rms_norm family's `offset` (a finite number added to the weight) and `casting` (RMS_CASTINGS)."""
     offset, casting = ctx.attrs["offset"], ctx.attrs["casting"]
-    if not isinstance(offset, numbers.Real) or isinstance(offset, bool) or not math.isfinite(offset):
-        raise argument_error(ArgumentError, ctx.op, "offset", "a finite number (1.0 for Gemma's 1 + weight)",
-                             repr(offset))  # fmt: skip
+    offset = finite_float(ctx.op, "offset", offset, "a finite number (1.0 for Gemma's 1 + weight)")
     if casting not in RMS_CASTINGS:
         raise argument_error(ArgumentError, ctx.op, "casting", f"one of {RMS_CASTINGS}", repr(casting))
-    return {"offset": float(offset), "casting": casting}
+    return {"offset": offset, "casting": casting}
 
 
 def _rms_norm_attrs(ctx: DispatchContext) -> dict[str, Any]:

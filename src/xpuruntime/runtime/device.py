@@ -11,6 +11,8 @@ import os
 import platform
 from dataclasses import dataclass
 
+from ..files import read_bytes
+
 
 @dataclass(frozen=True)
 class DeviceInfo:
@@ -26,11 +28,11 @@ class DeviceInfo:
 def _cpu() -> DeviceInfo:
     description = platform.processor() or platform.machine()
     try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    description = line.split(":", 1)[1].strip()
-                    break
+        text = read_bytes("/proc/cpuinfo", "CPU description", limit=16 << 20).decode(errors="replace")
+        for line in text.splitlines():
+            if line.startswith("model name"):
+                description = line.split(":", 1)[1].strip()
+                break
     except OSError:
         pass
     try:

@@ -18,11 +18,14 @@ a complete entry and the last rename wins, which is fine for a cache: no lock is
 does not parse, or whose recorded key or format differs from the one asked for (stale), is ignored with
 one warning per file and process, and the next `put` replaces it. A folder that cannot be written is
 warned about once; the entries are then kept in memory only.
+
+Files are read and written through `CacheFolder` (runtime/cache_folder.py): never through a link inside the
+cache folder, never a file that is not regular (a FIFO or a device is "cannot be read", not a hang), never
+more than MAX_ENTRY_BYTES of one entry; `clear()` deletes regular entry files only.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import importlib.metadata
@@ -30,7 +33,6 @@ import inspect
 import json
 import math
 import os
-import tempfile
 import threading
 import warnings
 from collections.abc import Callable, Iterable, Mapping
@@ -38,8 +40,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..errors import FileError
+from .cache_folder import CacheFolder
+
 ENV_CACHE_DIR = "XPURUNTIME_CACHE_DIR"
 FORMAT = 1
+MAX_ENTRY_BYTES = 1 << 20  # an entry is a few hundred bytes: anything this large is not one
 LIBRARIES = ("xpuruntime", "torch", "triton", "nvmath-python")
 
 
@@ -48,9 +54,16 @@ class TuningCacheWarning(UserWarning):
 
 
 def cache_dir() -> Path:
-    """The root cache folder: $XPURUNTIME_CACHE_DIR, else ~/.cache/xpuruntime."""
+    """The root cache folder: $XPURUNTIME_CACHE_DIR, else ~/.cache/xpuruntime. FileError when it cannot be
+    named (a '~user' that does not exist, no home folder)."""
     override = os.environ.get(ENV_CACHE_DIR)
-    return Path(override).expanduser() if override else Path.home() / ".cache" / "xpuruntime"
+    try:
+        return Path(override).expanduser() if override else Path.home() / ".cache" / "xpuruntime"
+    except RuntimeError:  # pathlib's "Could not determine home directory"
+        if override:
+            home = override.split("/", 1)[0]
+            raise FileError(f"{ENV_CACHE_DIR}={override!r}: '{home}' names no user with a home folder here") from None
+        raise FileError(f"no home folder for the cache (~/.cache/xpuruntime): set {ENV_CACHE_DIR}") from None
 
 
 @functools.cache
@@ -117,16 +130,26 @@ def canonical(parts: Mapping[str, Any] | str) -> str:
 class TuningCache:
     """Per-key JSON files under one folder, with an in-memory layer; see the module docstring."""
 
-    def __init__(self, directory: str | os.PathLike | None = None) -> None:
-        self.directory = Path(directory) if directory is not None else cache_dir() / "tuning"
+    def __init__(self, directory: str | os.PathLike | None = None, *, memory_only: bool = False) -> None:
+        if directory is None and not memory_only:  # the default folder sits inside the cache root
+            root = cache_dir()
+            self.directory, self._files, self._prefix = root / "tuning", CacheFolder(root), ("tuning",)
+        else:
+            self.directory = Path(directory) if directory is not None else None
+            self._files = None if memory_only else CacheFolder(self.directory)
+            self._prefix = ()
         self._memory: dict[str, dict] = {}
         self._lock = threading.Lock()
 
     def path(self, key: str | Mapping[str, Any]) -> Path:
         """The file holding `key`'s entry: <dir>/<op>/<sha256 of the key>.json."""
-        text = canonical(key)
+        if self.directory is None:
+            raise FileError("this tuning cache keeps its entries in memory only: no file holds them")
+        return self.directory.joinpath(*self._parts(canonical(key))[len(self._prefix) :])
+
+    def _parts(self, text: str) -> tuple[str, ...]:
         op = _safe_name(json.loads(text).get("op", "misc")) if text.startswith("{") else "misc"
-        return self.directory / op / f"{hashlib.sha256(text.encode()).hexdigest()[:32]}.json"
+        return (*self._prefix, op, f"{hashlib.sha256(text.encode()).hexdigest()[:32]}.json")
 
     def get(self, key: str | Mapping[str, Any]) -> dict | None:
         """The stored value for `key`, or None when absent, corrupt or stale."""
@@ -150,9 +173,11 @@ class TuningCache:
             raise TypeError(f"tuning_cache.put: value must be a JSON-serializable mapping: {exc}") from None
         with self._lock:
             self._memory[text] = json.loads(body)["value"]
+        if self._files is None:
+            return
         try:
-            _atomic_write(self.path(text), body)
-        except OSError as exc:  # read-only or full disk: tuning must still work, from memory
+            self._files.write(self._parts(text), body.encode())
+        except OSError as exc:  # read-only or full disk, a link inside the cache: tuning works on, from memory
             what = f"tuning cache folder {self.directory} cannot be written ({exc}); keeping results in memory only"
             _warn_once(str(self.directory), what, stacklevel=3)
 
@@ -165,34 +190,57 @@ class TuningCache:
         return value
 
     def clear(self, memory_only: bool = False) -> None:
-        """Forget the in-memory layer, and unless `memory_only` also delete every entry on disk."""
+        """Forget the in-memory layer, and unless `memory_only` also delete every entry on disk: the regular
+        files of the op folders, never anything a link inside the cache points to."""
         with self._lock:
             self._memory.clear()
-        if not memory_only and self.directory.exists():
-            for file in self.directory.glob("*/*.json"):
-                with contextlib.suppress(OSError):
-                    file.unlink()
+        if not memory_only and self._files is not None:
+            self._files.remove_files(self._prefix, (".json",), depth=1)
 
     def _read(self, text: str) -> dict | None:
-        path = self.path(text)
-        try:
-            raw = path.read_bytes()
-        except FileNotFoundError:
+        if self._files is None:
             return None
-        except OSError as exc:
+        parts = self._parts(text)
+        path = self._files.path(parts)
+        try:
+            raw = self._files.read(parts, "tuning cache file", limit=MAX_ENTRY_BYTES)
+        except OSError as exc:  # unreadable, not a regular file, a link, too large
             self._warn(path, f"cannot be read ({exc})")
+            return None
+        if raw is None:
             return None
         try:
             entry = json.loads(raw.decode())
             if not isinstance(entry, dict) or not isinstance(entry.get("value"), dict):
                 raise ValueError("no value object")
-        except ValueError as exc:
-            self._warn(path, f"is corrupt ({exc})")
+        except (ValueError, RecursionError) as exc:  # RecursionError: nested deeper than the parser goes
+            self._warn(path, f"is corrupt ({type(exc).__name__}: {str(exc)[:200]})")
             return None
         if entry.get("format") != FORMAT or entry.get("key") != text:
             self._warn(path, "is stale (written for another format or key)")
             return None
         return entry["value"]
+
+    def _entry(self, below: tuple[str, ...], info: os.stat_result) -> Entry:
+        """The entry file at `below` (op folder, file name) as `xpuruntime cache list` shows it."""
+        path = self.directory.joinpath(*below)
+        try:
+            raw = self._files.read((*self._prefix, *below), "tuning cache file", limit=MAX_ENTRY_BYTES)
+            entry = json.loads((raw or b"").decode())
+            key = json.loads(entry["key"])
+            value = entry["value"]
+            if not isinstance(key, dict) or not isinstance(value, dict):
+                raise ValueError("no key or value object")
+        except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
+            return Entry(path, below[0], None, None, info.st_size, info.st_mtime, f"corrupt ({exc})")
+        problem = None
+        if entry.get("format") != FORMAT:
+            problem = f"format {entry.get('format')}, not {FORMAT}"
+        else:
+            changed = [f"{name} {was} -> {library_version(name)}" for name, was in (key.get("versions") or {}).items()
+                       if library_version(name) != was]  # fmt: skip
+            problem = f"stale: {', '.join(changed)}" if changed else None
+        return Entry(path, str(key.get("op", below[0])), key, value, info.st_size, info.st_mtime, problem)
 
     def _warn(self, path: Path, what: str) -> None:
         _warn_once(str(path), f"tuning cache file {path} {what}; ignoring it", stacklevel=5)
@@ -216,22 +264,6 @@ def _safe_name(op: Any) -> str:
     return text.strip(".") or "misc"
 
 
-def _atomic_write(path: Path, body: str) -> None:
-    """Write to a temporary file beside `path`, flush it to disk, then rename it over `path`."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(body)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
 _default: TuningCache | None = None
 _default_lock = threading.Lock()
 
@@ -239,10 +271,14 @@ _default_lock = threading.Lock()
 def default_cache() -> TuningCache:
     """The process-wide cache; follows $XPURUNTIME_CACHE_DIR if it changes."""
     global _default
-    directory = cache_dir() / "tuning"
+    try:
+        directory = cache_dir() / "tuning"
+    except FileError as exc:  # no usable folder: tuning works on, from memory
+        _warn_once("cache_dir", f"{exc}; tuning results are kept in memory only", stacklevel=4)
+        directory = None
     with _default_lock:
         if _default is None or _default.directory != directory:
-            _default = TuningCache(directory)
+            _default = TuningCache() if directory is not None else TuningCache(memory_only=True)
         return _default
 
 
@@ -278,39 +314,27 @@ class Entry:
 
 
 def entries(directory: str | os.PathLike | None = None) -> list[Entry]:
-    """Every entry file under the tuning folder (default: the process's), sorted by kind then path."""
-    root = Path(directory) if directory is not None else cache_dir() / "tuning"
-    found = [_entry(path) for path in sorted(root.glob("*/*.json"))] if root.is_dir() else []
+    """Every entry file under the tuning folder (default: the process's), sorted by kind then path; read
+    through the cache folder's rules (no link followed, regular files only, at most MAX_ENTRY_BYTES each)."""
+    cache = TuningCache(directory) if directory is not None else default_cache()
+    if cache._files is None:
+        return []
+    found = [
+        cache._entry(below, info) for below, info in cache._files.files(cache._prefix, (".json",)) if len(below) == 2
+    ]
     return sorted(found, key=lambda e: (e.kind, str(e.path)))
 
 
-def _entry(path: Path) -> Entry:
-    stat = path.stat()
-    try:
-        entry = json.loads(path.read_bytes().decode())
-        key = json.loads(entry["key"])
-        value = entry["value"]
-        if not isinstance(key, dict) or not isinstance(value, dict):
-            raise ValueError("no key or value object")
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        return Entry(path, path.parent.name, None, None, stat.st_size, stat.st_mtime, f"corrupt ({exc})")
-    problem = None
-    if entry.get("format") != FORMAT:
-        problem = f"format {entry.get('format')}, not {FORMAT}"
-    else:
-        changed = [f"{name} {was} -> {library_version(name)}" for name, was in (key.get("versions") or {}).items()
-                   if library_version(name) != was]  # fmt: skip
-        problem = f"stale: {', '.join(changed)}" if changed else None
-    return Entry(path, str(key.get("op", path.parent.name)), key, value, stat.st_size, stat.st_mtime, problem)
-
-
-def remove(chosen: Iterable[Entry]) -> int:
-    """Delete these entries' files; returns the bytes freed. Files already gone are skipped."""
+def remove(chosen: Iterable[Entry], directory: str | os.PathLike | None = None) -> int:
+    """Delete these entries' files (under `directory`, default the process's tuning folder), never through a
+    link; returns the bytes freed. Files already gone are skipped."""
+    cache = TuningCache(directory) if directory is not None else default_cache()
     freed = 0
     for entry in chosen:
-        with contextlib.suppress(FileNotFoundError):
-            entry.path.unlink()
-            freed += entry.size
+        if cache._files is not None and cache.directory is not None:
+            below = entry.path.relative_to(cache.directory).parts
+            if cache._files.remove((*cache._prefix, *below)):
+                freed += entry.size
     with _default_lock:
         if _default is not None:
             _default.clear(memory_only=True)
