@@ -5,16 +5,18 @@ op cannot describe (a dtype mix, a shape outside its semantics) or that no regis
 goes back to PyTorch's kernel; strict policies still raise. Calls made while the dispatcher is
 already running a kernel (a `torch_*` kernel calling back into aten) go to PyTorch directly.
 
-Also here: a policy extended to its ops' companions (`family_policy`, see `families`), and the values the
-routes derive once from the op schemas (`memoized`, `attrs_for`, `inputs_for`).
+Also here: a policy extended to its ops' companions (`family_policy`, see `families`), policies pinned to
+some calls (`pin`: what `patch(model, policy=...)` gives its modules), and the values the routes derive once
+from the op schemas (`memoized`, `attrs_for`, `inputs_for`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import warnings
 from collections.abc import Callable, Hashable, Iterator, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from .. import arguments
 from .. import policy as core_policy
@@ -106,6 +108,44 @@ def family_policy(policy: KernelPolicy) -> KernelPolicy:
             _router.family.clear()
         _router.family[key] = derived
     return derived
+
+
+class Pinned(NamedTuple):
+    """A policy pinned to some calls, whatever policy is in force where they run (`patch(model, policy=...)`):
+    the policy (None: the one in force at each call) and `key`, what a compiled graph's custom op carries
+    for it (the policy's JSON; "" for None)."""
+
+    policy: KernelPolicy | None
+    key: str
+
+
+IN_FORCE = Pinned(None, "")
+
+
+def pin(policy: KernelPolicy | None) -> Pinned:
+    """`policy` pinned (None: the policy in force at each call)."""
+    if policy is None:
+        return IN_FORCE
+    key = json.dumps(policy.to_dict(), sort_keys=True)
+    if len(_router.pinned) > _MAX_CACHED:
+        _router.pinned.clear()
+    _router.pinned[key] = policy
+    return Pinned(policy, key)
+
+
+def pinned_policy(pinned: KernelPolicy | str | None) -> KernelPolicy:
+    """The family-extended policy a call pinned to `pinned` dispatches under: a policy, a `Pinned.key` (a
+    compiled graph's; read back from its JSON in a process that never pinned it), or None / "" for the
+    policy in force."""
+    if not pinned:
+        policy = current_policy()
+    elif isinstance(pinned, str):
+        policy = _router.pinned.get(pinned)
+        if policy is None:
+            policy = _router.pinned[pinned] = KernelPolicy.from_dict(json.loads(pinned), "a pinned policy", False)
+    else:
+        policy = pinned
+    return family_policy(policy)
 
 
 def without(policy: KernelPolicy, ops: tuple[str, ...], user: KernelPolicy) -> KernelPolicy:

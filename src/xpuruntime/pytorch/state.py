@@ -26,6 +26,7 @@ class RouterState:
     routed: dict[Any, frozenset[str]] = field(default_factory=dict)  # policy fingerprint -> ops it steers
     family: dict[tuple, Any] = field(default_factory=dict)  # (fingerprint, registry, generation) -> policy
     warned: set[tuple[str, str]] = field(default_factory=set)  # (op, kernel) fallback warnings given
+    pinned: dict[str, Any] = field(default_factory=dict)  # a pinned policy's key (its JSON) -> the policy
 
 
 @dataclass

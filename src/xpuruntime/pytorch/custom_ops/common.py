@@ -96,6 +96,27 @@ def _owns_its_memory(t: torch.Tensor) -> bool:
     return t.untyped_storage().nbytes() == t.numel() * t.element_size()
 
 
+def by_autograd(formula: Any, inputs: tuple, grad_outputs: Any) -> tuple:
+    """Gradients of `formula(*inputs)` (an output or a tuple of them) for `grad_outputs` (one per output, None
+    for an output without one) by autograd: a fallback's backward where no kernel of ours runs. One gradient
+    per input, None for an input that is not a floating tensor. Inside a custom op's body, call it under
+    `autograd_enabled()`."""
+    with torch.enable_grad():
+        leaves = [t.detach().requires_grad_() if _floating(t) else t for t in inputs]
+        outputs = formula(*leaves)
+        if not isinstance(outputs, tuple):
+            outputs, grad_outputs = (outputs,), (grad_outputs,)
+        pairs = [(o, g) for o, g in zip(outputs, grad_outputs) if g is not None]
+        wanted = [t for t in leaves if _floating(t)]
+        found = torch.autograd.grad([o for o, _ in pairs], wanted, [g for _, g in pairs], allow_unused=True)
+        grads = iter(found)
+        return tuple(next(grads) if _floating(t) else None for t in leaves)
+
+
+def _floating(t: Any) -> bool:
+    return isinstance(t, torch.Tensor) and t.is_floating_point()
+
+
 def or_empty(t: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
     """Custom ops return tensors only: an absent gradient travels as an empty tensor."""
     return like.new_empty((0,)) if t is None else t
@@ -111,6 +132,27 @@ def autocast_cast(*tensors: Any, device_type: str) -> tuple:
         t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != torch.float64 else t
         for t in tensors
     )
+
+
+def autograd_enabled() -> contextlib.AbstractContextManager:
+    """Inside a custom op's body PyTorch excludes the autograd dispatch keys, so operations there record no
+    graph even under torch.enable_grad(). This block includes them again, for kernels and fallbacks that
+    differentiate a PyTorch formula with torch.autograd.grad (on detached leaves, under enable_grad)."""
+    exclude = torch._C._dispatch_tls_local_exclude_set()
+    if not exclude.has(torch._C.DispatchKey.AutogradFunctionality):
+        return contextlib.nullcontext()
+    include = torch._C._dispatch_tls_local_include_set()
+    return torch._C._ForceDispatchKeyGuard(include, exclude.remove(torch._C.DispatchKey.AutogradFunctionality))
+
+
+def autocast_float32(*tensors: Any) -> tuple:
+    """As PyTorch's CUDA autocast runs its float32 ops (layer_norm among them): float16 / bfloat16 tensors cast
+    to float32 (a no-op outside CUDA autocast; CPU autocast runs these ops in their inputs' dtypes)."""
+    device = next((t.device.type for t in tensors if isinstance(t, torch.Tensor)), "cpu")
+    if device != "cuda" or not torch.is_autocast_enabled(device):
+        return tensors
+    half = (torch.float16, torch.bfloat16)
+    return tuple(t.float() if isinstance(t, torch.Tensor) and t.dtype in half else t for t in tensors)
 
 
 def graph_origin() -> contextlib.AbstractContextManager:
