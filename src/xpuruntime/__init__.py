@@ -62,7 +62,7 @@ _EXPORTS = {
 _ERRORS = (
     "XpuRuntimeError", "ArgumentError", "ShapeError", "DTypeError", "LayoutError", "DeviceMismatchError",
     "UnknownNameError", "UnknownOpError", "UnknownKernelError", "RegistrationError", "PolicyError",
-    "NoKernelError", "UnsupportedByPolicyError", "LaunchError", "KernelFallbackWarning",
+    "NoKernelError", "UnsupportedByPolicyError", "UnsupportedModelError", "LaunchError", "KernelFallbackWarning",
 )  # fmt: skip
 _EXPORTS.update(dict.fromkeys(_ERRORS, "xpuruntime.errors"))
 

@@ -11,7 +11,8 @@ custom op (`custom_ops`), which the routes emit into graphs that torch.compile t
 
 The modules form layers, each importing only those below it (tests/pytorch/test_pytorch_layers.py checks):
 
-    __init__, policy, ops, graphs, autocast, profiling, allocator   the public API
+    __init__, policy, ops, graphs, autocast, profiling, allocator,
+    patching                                                         the public API (patching: patch(model))
     install      the aten registrations the policies need
     compiled     inductor's graph passes (matrix products; the routing guard)
     routes       the aten overrides, one file per op family
@@ -37,6 +38,7 @@ from .autocast import autocast
 from .compiled import watch_inductor
 from .graphs import CUDAGraphWrapper, capture_graph
 from .install import installed_overrides, refresh_overrides
+from .patching import PatchPlan, patch, patched, unpatch
 from .policy import KernelPolicy, clear_kernel_policy, get_kernel_policy, kernel_policy, set_kernel_policy
 from .profiling import profile
 from .tracing import compiled_decisions
@@ -45,6 +47,7 @@ from .tuner import handed_back
 __all__ = [
     "CUDAGraphWrapper",
     "KernelPolicy",
+    "PatchPlan",
     "allocator_stats",
     "autocast",
     "capture_graph",
@@ -55,11 +58,14 @@ __all__ = [
     "installed_overrides",
     "kernel_policy",
     "ops",
+    "patch",
+    "patched",
     "profile",
     "refresh_overrides",
     "reset_allocator",
     "set_allocator",
     "set_kernel_policy",
+    "unpatch",
 ]
 
 refresh_overrides()  # a policy from the environment applies from the start
