@@ -8,6 +8,10 @@ from typing import Any
 import torch
 
 from ... import log
+from ...abi import TensorSpec
+from ...arguments import freeze
+from ...context import build_context
+from ...policy import current_policy
 
 PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 
@@ -166,3 +170,17 @@ def graph_origin() -> contextlib.AbstractContextManager:
 def eager_origin() -> contextlib.AbstractContextManager:
     """Around an eager public function's call of a custom op: its dispatches are "eager"."""
     return log.dispatch_origin("eager") if log.OBSERVERS else contextlib.nullcontext()
+
+
+def check_call(op: str, inputs: tuple, attrs: tuple) -> None:
+    """Raise the op's own error (an XpuRuntimeError naming the argument and what was expected) for a call its
+    schema rejects, without running it: the check of a public function's arguments."""
+    from ..router import get_dispatcher
+
+    schema = get_dispatcher().registry.op(op)
+    specs = tuple(_spec(t) if isinstance(t, torch.Tensor) else t for t in inputs)
+    build_context(schema, specs, freeze(attrs), None, current_policy())
+
+
+def _spec(t: torch.Tensor) -> TensorSpec:
+    return TensorSpec(tuple(t.shape), str(t.dtype).removeprefix("torch."), tuple(t.stride()), str(t.device))

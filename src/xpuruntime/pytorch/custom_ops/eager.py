@@ -54,7 +54,7 @@ class EagerFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, glue: OpGlue, pinned: Pinned, *args: Any) -> Any:
         policy = pinned.policy or current_policy()  # the backward dispatches under the forward's policy
-        with eager_origin(), autocast_off(args):
+        with eager_origin(), torch._C._DisableAutocast():  # as inside a custom op (0.5 us; torch.autocast: 3)
             out = glue.forward(*detached(args), pinned_policy(policy))
         ctx.eager, ctx.glue = True, glue
         glue.setup(ctx, (*args, policy), out)
@@ -68,14 +68,6 @@ class EagerFunction(torch.autograd.Function):
             raise RuntimeError("xpuruntime's fused ops are differentiable once: create_graph=True is not supported")
         with eager_origin():
             return (None, None, *ctx.glue.backward(ctx, *grads)[:-1])
-
-
-def autocast_off(args: tuple) -> contextlib.AbstractContextManager:
-    """Autocast off for a body run eagerly (a custom op's body runs without it), on the device of `args`."""
-    device = next((a.device.type for a in args if isinstance(a, torch.Tensor)), "cpu")
-    if torch.is_autocast_enabled(device):
-        return torch.autocast(device, enabled=False)
-    return contextlib.nullcontext()
 
 
 def backward_call(ctx: Any, body: Callable[..., Any], custom_op: Callable[..., Any], *args: Any) -> Any:

@@ -157,7 +157,7 @@ def _loss(hidden: Any, projection: Any, labels: Any, shifted: bool, kwargs: dict
     target = kwargs.get("shift_labels") if shifted else labels
     if target is None:  # HF's ForCausalLMLoss: position t predicts token t + 1, the last predicts nothing
         target = F.pad(labels, (0, 1), value=ignore_index)[..., 1:]
-    target = target.reshape(hidden.shape[:-1]).to(hidden.device)
+    target = target.reshape(hidden.shape[:-1]).to(hidden.device).contiguous()
     count = kwargs.get("num_items_in_batch")
     reduction = "mean" if count is None else "sum"
     loss = linear_cross_entropy(hidden, projection.weight, target, projection.bias, ignore_index, reduction=reduction,
