@@ -241,10 +241,23 @@ def test_a_pinned_policy_wins_over_the_policy_in_force():
 
 
 def test_where_no_kernel_runs_the_pytorch_formula_does():
-    """bf16 on the CPU (NumPy has no bfloat16): the ops compute PyTorch's code in bf16, gradients by autograd."""
+    """bf16 on the CPU (NumPy has no bfloat16): the ops compute PyTorch's code in bf16, gradients by autograd, and
+    the dispatch log says so (kernel "torch", reason "fallback")."""
     inputs = [t.detach().bfloat16().requires_grad_(t.requires_grad) if t.is_floating_point() else t
               for t in _all_inputs()]  # fmt: skip
-    loss, grads = _loss_and_grads(_all_ops, inputs)
+    xrt.enable_dispatch_logging()
+    try:
+        loss, grads = _loss_and_grads(_all_ops, inputs)
+    finally:
+        xrt.disable_dispatch_logging()
+    logged = {(r.op_name, r.selected_kernel, r.reason) for r in xrt.get_dispatch_logs()}
+    xrt.clear_dispatch_logs()
+    assert {
+        ("swiglu", "torch", "fallback"),
+        ("swiglu_backward", "torch", "fallback"),
+        ("linear_cross_entropy", "torch", "fallback"),
+        ("rotary_embedding_backward", "torch", "fallback"),
+    } <= logged
     assert loss.dtype == torch.float32 and torch.isfinite(loss)
     assert all(g.dtype == torch.bfloat16 and torch.isfinite(g).all() for g in grads)
     reference, _ = _loss_and_grads(_all_ops, [t.float() if t.is_floating_point() else t for t in inputs])

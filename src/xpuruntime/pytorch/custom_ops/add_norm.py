@@ -21,7 +21,7 @@ from torch import Tensor
 from ...backends.torch.norm import rms_norm_formula
 from ...policy import KernelPolicy
 from ..router import IN_FORCE, Pinned, dispatch, pinned_policy
-from .common import autocast_float32, by_autograd, or_empty, unaliased
+from .common import autocast_float32, by_autograd, or_empty, pytorch_ran, unaliased
 from .eager import OpGlue, backward_call, custom_op_body, run
 
 
@@ -48,6 +48,7 @@ def forward(
     else:
         y = dispatch("add_rms_norm", (x, residual, weight, h), (eps, *options), policy=policy, routed=False)
     if y is None:
+        pytorch_ran("add_layer_norm" if options is None else "add_rms_norm", x, residual)
         torch.add(x, residual, out=h)
         y = _norm(h, weight, bias, _eps(h, eps), options)
     return y, h
@@ -63,6 +64,7 @@ def backward(
     else:
         packed = dispatch("add_rms_norm_backward", (dy, dh, h, weight), (eps, *options), policy=policy, routed=False)
     if packed is None:
+        pytorch_ran("add_layer_norm_backward" if options is None else "add_rms_norm_backward", dy, h)
         grads = by_autograd(lambda h_, w, b: _norm(h_, w, b, _eps(h, eps), options), (h, weight, bias), dy)
         return (grads[0] if dh is None else grads[0] + dh), grads[1], grads[2]
     rows = h.numel() // h.shape[-1]

@@ -121,6 +121,16 @@ def _floating(t: Any) -> bool:
     return isinstance(t, torch.Tensor) and t.is_floating_point()
 
 
+def pytorch_ran(op: str, *tensors: Any) -> None:
+    """Log that PyTorch's code ran `op` because no kernel of ours could take the call (kernel "torch", reason
+    "fallback"), if the dispatch log is on."""
+    if log.OBSERVERS:
+        present = [t for t in tensors if isinstance(t, torch.Tensor)]
+        dtype = str(present[0].dtype).removeprefix("torch.") if present else ""
+        shapes = tuple(tuple(t.shape) for t in present)
+        log.log_record(op, "torch", "torch", "fallback", shapes, dtype, log.current_origin() or "eager")
+
+
 def or_empty(t: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
     """Custom ops return tensors only: an absent gradient travels as an empty tensor."""
     return like.new_empty((0,)) if t is None else t

@@ -18,7 +18,7 @@ from torch import Tensor
 
 from ...policy import KernelPolicy
 from ..router import IN_FORCE, Pinned, dispatch, pinned_policy
-from .common import by_autograd, or_empty, unaliased
+from .common import by_autograd, or_empty, pytorch_ran, unaliased
 from .eager import OpGlue, backward_call, custom_op_body, run
 
 
@@ -33,7 +33,10 @@ def forward(gate: Tensor, up: Tensor | None, activation: str, policy: KernelPoli
     """swiglu (activation "silu") or geglu (F.gelu's approximation) through the selector, else the formula."""
     op, attrs = ("swiglu", ()) if activation == "silu" else ("geglu", (activation,))
     out = dispatch(op, (gate, up), attrs, policy=policy, routed=False)
-    return formula(gate, up, activation) if out is None else out
+    if out is None:
+        pytorch_ran(op, gate, up)
+        return formula(gate, up, activation)
+    return out
 
 
 def backward(dy: Tensor, gate: Tensor, up: Tensor | None, activation: str, policy: KernelPolicy) -> tuple:
@@ -41,6 +44,7 @@ def backward(dy: Tensor, gate: Tensor, up: Tensor | None, activation: str, polic
     op, attrs = ("swiglu_backward", ()) if activation == "silu" else ("geglu_backward", (activation,))
     packed = dispatch(op, (dy, gate, up), attrs, policy=policy, routed=False)
     if packed is None:
+        pytorch_ran(op, dy, gate, up)
         return by_autograd(lambda g, u: formula(g, u, activation), (gate, up), dy)
     return (packed, None) if up is None else (packed[0], packed[1])
 

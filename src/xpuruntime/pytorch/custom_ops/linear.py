@@ -22,7 +22,7 @@ from torch import Tensor
 
 from ...policy import KernelPolicy
 from ..router import IN_FORCE, Pinned, dispatch, pinned_policy
-from .common import autocast_cast, or_empty, unaliased
+from .common import autocast_cast, or_empty, pytorch_ran, unaliased
 from .eager import OpGlue, backward_call, custom_op_body, run
 
 ACTIVATIONS = (None, "relu", "gelu")
@@ -36,7 +36,10 @@ def _activate(z: Tensor, activation: str | None) -> Tensor:
 
 def forward(x: Tensor, weight: Tensor, bias: Tensor | None, activation: str | None, policy: KernelPolicy) -> Tensor:
     out = dispatch("linear", (x, weight, bias), (activation,), policy=policy, routed=False)
-    return _activate(F.linear(x, weight, bias), activation) if out is None else out
+    if out is None:
+        pytorch_ran("linear", x, weight)
+        return _activate(F.linear(x, weight, bias), activation)
+    return out
 
 
 def _activation_backward(dy: Tensor, z: Tensor, activation: str | None) -> Tensor:
@@ -54,12 +57,15 @@ def backward(
     dx = dweight = dbias = None
     if input_grad:
         dx = dispatch("linear_grad_input", (dz, weight, None), (None,), policy=policy, routed=False)
-        dx = dz.matmul(weight) if dx is None else dx
+        if dx is None:
+            pytorch_ran("linear_grad_input", dz, weight)
+            dx = dz.matmul(weight)
     if weight_grad:
         with_bias = bias is not None
         packed = dispatch("linear_grad_weight", (dz, x), (with_bias,), policy=policy, routed=False)
         n, k = weight.shape
         if packed is None:
+            pytorch_ran("linear_grad_weight", dz, x)
             rows = dz.reshape(-1, n)
             dweight, dbias = rows.t().matmul(x.reshape(-1, k)), rows.sum(0) if with_bias else None
         else:

@@ -25,7 +25,7 @@ from torch import Tensor
 from ...backends.torch.cross_entropy import loss_and_gradients
 from ...policy import KernelPolicy
 from ..router import IN_FORCE, Pinned, dispatch, pinned_policy
-from .common import autocast_cast, or_empty, unaliased
+from .common import autocast_cast, or_empty, pytorch_ran, unaliased
 from .eager import OpGlue, backward_call, custom_op_body, run
 
 
@@ -55,6 +55,7 @@ def forward(
     loss = dispatch("linear_cross_entropy", (hidden, weight, target, bias, *buffers), options, policy=policy,
                     routed=False)  # fmt: skip
     if loss is None:
+        pytorch_ran("linear_cross_entropy", hidden, weight, target)
         loss = loss_and_gradients(_attrs(weight, options), hidden, weight, target, bias, None, buffers)
     return (loss, *buffers)
 
@@ -69,6 +70,7 @@ def backward(
     inputs = (grad_loss, hidden, weight, target, bias, grad_weight, grad_bias)
     grad_hidden = dispatch("linear_cross_entropy_backward", inputs, options, policy=policy, routed=False)
     if grad_hidden is None:
+        pytorch_ran("linear_cross_entropy_backward", grad_loss, hidden, weight, target)
         grad_hidden = torch.empty(hidden.shape, dtype=hidden.dtype, device=hidden.device)
         buffers = (grad_hidden, grad_weight, grad_bias)
         loss_and_gradients(_attrs(weight, options), hidden, weight, target, bias, grad_loss, buffers)

@@ -22,7 +22,7 @@ from torch import Tensor
 from ...backends.torch.rotary import rotation, table
 from ...policy import KernelPolicy
 from ..router import IN_FORCE, Pinned, dispatch, pinned_policy
-from .common import unaliased
+from .common import pytorch_ran, unaliased
 from .eager import OpGlue, backward_call, custom_op_body, run
 
 
@@ -43,6 +43,7 @@ def forward(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, position_ids: Tensor
     packed = dispatch("rotary_embedding", (q, k, cos, sin, position_ids), (unsqueeze_dim, interleaved),
                       policy=policy, routed=False)  # fmt: skip
     if packed is None:
+        pytorch_ran("rotary_embedding", q, k, cos)
         return formula(q, k, cos, sin, position_ids, unsqueeze_dim, interleaved)
     return _split(packed, q, k)
 
@@ -53,6 +54,7 @@ def backward(dq: Tensor, dk: Tensor, cos: Tensor, sin: Tensor, position_ids: Ten
     inputs = (dq, dk, cos, sin, position_ids)
     packed = dispatch("rotary_embedding_backward", inputs, (unsqueeze_dim, interleaved), policy=policy, routed=False)
     if packed is None:
+        pytorch_ran("rotary_embedding_backward", dq, dk, cos)
         return formula(dq, dk, cos, sin, position_ids, unsqueeze_dim, interleaved, backward=True)
     return _split(packed, dq, dk)
 
