@@ -5,7 +5,8 @@
     # ... the training loop as before: forward and backward follow the policy, also under torch.compile
 
 The policy store is the core's; while the policy names a kernel for an op, that op's aten kernels are
-overridden (see `install`), and nothing is installed otherwise. Every routed op is also a torch.library
+overridden (see `install`), and nothing is installed otherwise. `patch(model)` puts the fused training ops
+into a Hugging Face model (see `patching`). Every routed op is also a torch.library
 custom op (`custom_ops`), which the routes emit into graphs that torch.compile traces (see `tracing` and
 `compiled`).
 
@@ -17,7 +18,8 @@ The modules form layers, each importing only those below it (tests/pytorch/test_
     compiled     inductor's graph passes (matrix products; the routing guard)
     routes       the aten overrides, one file per op family
     tracing      decisions while a graph is traced; the routing guard; calls a policy cannot take
-    custom_ops   the torch.library ops and their bodies, one file per op family (over custom_ops.common)
+    custom_ops   the torch.library ops and their bodies, one file per op family (over custom_ops.eager, how
+                 the fused training ops run eagerly or compiled, and custom_ops.common)
     router       dispatching a routed call; which ops a policy steers; op families against the registry
     tuner        autotune's verdicts on routed calls and its hand-backs to PyTorch
     native       the C++ routes (native_routes.cpp)
