@@ -40,6 +40,15 @@ def rng() -> np.random.Generator:
     return np.random.default_rng()
 
 
+@pytest.fixture(scope="session")
+def torch_session():
+    """A session builder through the ONNX GPU path's PyTorch functions, with CPU tensors (onnx_models)."""
+    pytest.importorskip("torch")
+    from onnx_models import torch_path_builder
+
+    return torch_path_builder()
+
+
 @pytest.fixture(autouse=True)
 def clean_runtime_state(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.delenv(policy.ENV_POLICY, raising=False)

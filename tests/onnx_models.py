@@ -1,14 +1,23 @@
-"""Small ONNX models built by hand for the InferenceSession tests, and how they are run: by us and by
-onnxruntime (CPU)."""
+"""Small ONNX models built by hand for the InferenceSession tests, how they are run (by us on the CPU, through
+the GPU path's PyTorch functions with CPU tensors, by onnxruntime on the CPU and by the ONNX reference
+evaluator), and how results are compared."""
 
 from __future__ import annotations
+
+import warnings
 
 import numpy as np
 import onnx
 import onnxruntime as ort
+from hypothesis import HealthCheck, settings
 from onnx import helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
 
 from xpuruntime.onnx import InferenceSession, SessionOptions
+
+LEVELS = ("disabled", "basic", "all")
+PROPERTY = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+RNG = np.random.default_rng(20)  # for tests that take no `rng` fixture
 
 
 def make(
@@ -42,7 +51,7 @@ def torch_path_builder():
     """build(model, level="all") -> a session whose runs go through the GPU path's PyTorch op map with CPU
     tensors (the GPU planner, no kernels of ours): the GPU path's semantics, testable without a GPU."""
     from xpuruntime.dispatch import Dispatcher
-    from xpuruntime.onnx.gpu import GpuRunner
+    from xpuruntime.onnx.runners import gpu_runner_factory
     from xpuruntime.registry import Registry, default_registry
 
     registry = Registry()
@@ -52,8 +61,58 @@ def torch_path_builder():
 
     def build(model: onnx.ModelProto, level: str = "all") -> InferenceSession:
         options = SessionOptions(graph_optimization_level=level, enable_cuda_graph=False)
-        session = InferenceSession(model.SerializeToString(), options, dispatcher=dispatcher)
-        session._backend = GpuRunner(session, torch_device="cpu")
-        return session
+        return InferenceSession(
+            model.SerializeToString(), options, dispatcher=dispatcher, runner=gpu_runner_factory("cpu")
+        )
 
     return build
+
+
+def torch_run(build, model: onnx.ModelProto, feed: dict) -> list[np.ndarray]:
+    """Outputs through the GPU path's PyTorch functions (`build` from torch_path_builder); a warning fails
+    (e.g. PyTorch's "The given NumPy array is not writable")."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        return build(model).run(None, {k: v.copy() for k, v in feed.items()})
+
+
+def run_on(path: str, build, model: onnx.ModelProto, feed: dict) -> list[np.ndarray]:
+    """Outputs on the 'numpy' path (ours) or the 'torch' path (the GPU path's PyTorch functions)."""
+    if path == "numpy":
+        return ours(model, feed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return build(model).run(None, {k: v.copy() for k, v in feed.items()})
+
+
+def reference(model: onnx.ModelProto, feed: dict) -> list[np.ndarray]:
+    """The ONNX reference evaluator (for what onnxruntime does not run)."""
+    return ReferenceEvaluator(model).run(None, feed)
+
+
+def session_at(model: onnx.ModelProto, level: str) -> InferenceSession:
+    return InferenceSession(model.SerializeToString(), SessionOptions(graph_optimization_level=level))
+
+
+def check_reference(sess: InferenceSession, model: onnx.ModelProto, feed: dict, rtol: float = 1e-5) -> None:
+    """The session's outputs (fed copies) against the ONNX reference evaluator's."""
+    want = reference(model, feed)
+    got = sess.run(None, {k: v.copy() for k, v in feed.items()})
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape, f"got {g.dtype}{g.shape}, expected {w.dtype}{w.shape}"
+        np.testing.assert_allclose(g, w, rtol=rtol, atol=1e-6)
+
+
+def same(got: list, want: list, atol: float = 1e-5, rtol: float = 1e-5) -> None:
+    """Same count, dtypes and shapes, values within tolerance."""
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        w = np.asarray(w)
+        assert g.dtype == w.dtype and g.shape == w.shape, f"got {g.dtype}{g.shape}, expected {w.dtype}{w.shape}"
+        np.testing.assert_allclose(g, w, rtol=rtol, atol=atol)
+
+
+def randn(rng: np.random.Generator, *shape: int, dtype: type = np.float32) -> np.ndarray:
+    """Random values, never zero."""
+    x = rng.standard_normal(shape) * 3
+    return (x + np.where(x >= 0, 0.01, -0.01)).astype(dtype)

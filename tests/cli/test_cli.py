@@ -118,7 +118,9 @@ def test_kernels_shows_unavailable_backend_reason(capsys: pytest.CaptureFixture[
     assert "no: no CUDA driver here" in fake and "yes" in fake  # unavailable; uses tensor cores
 
 
-@pytest.mark.parametrize(("op", "hint"), [("nosuchop", "attention, attention_backward"), ("matmull", "Did you mean 'matmul'?")])
+@pytest.mark.parametrize(
+    ("op", "hint"), [("nosuchop", "attention, attention_backward"), ("matmull", "Did you mean 'matmul'?")]
+)
 def test_kernels_unknown_op(capsys: pytest.CaptureFixture[str], op: str, hint: str) -> None:
     code, out, err = run_cli(capsys, "kernels", op)
     assert code == 2

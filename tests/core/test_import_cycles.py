@@ -1,5 +1,6 @@
 """The core modules form layers: no import cycles between them (imports under `if TYPE_CHECKING:` aside),
-each imports alone in a fresh interpreter, and none pulls in torch or triton."""
+each imports alone in a fresh interpreter, and none pulls in torch or triton. The graph IR and its passes
+sit below the ONNX front end: nothing under graph/ imports onnx/."""
 
 from __future__ import annotations
 
@@ -24,9 +25,16 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+# Modules of the core packages that need PyTorch by design (imported only when a GPU session asks for them).
+NEEDS_TORCH = {"xpuruntime.onnx.runners.gpu"}
+
+
 def core_modules() -> dict[str, Path]:
-    """The package's own modules and the runtime package: not ops, backends, front ends or tools."""
-    paths = [*PACKAGE_DIR.glob("*.py"), *(PACKAGE_DIR / "runtime").glob("*.py")]
+    """The package's own modules and the runtime, graph and onnx packages: not ops, backends, other front
+    ends or tools."""
+    paths = [*PACKAGE_DIR.glob("*.py")]
+    for package in ("runtime", "graph", "onnx"):
+        paths += (PACKAGE_DIR / package).rglob("*.py")
     return {module_name(p): p for p in sorted(paths) if p.name != "__main__.py"}
 
 
@@ -125,7 +133,19 @@ def test_no_import_cycles_through_deferred_imports_either():
     assert cycles(graph) == []
 
 
-@pytest.mark.parametrize("module", sorted(core_modules()))
+def test_graph_passes_know_the_graph_ir_not_the_onnx_front_end():
+    """graph/ (the IR and its passes) never imports onnx/, not even inside a function."""
+    graph = import_graph(deferred=True)
+    found = {
+        source: sorted(t for t in targets if t.startswith("xpuruntime.onnx"))
+        for source, targets in graph.items()
+        if source.startswith("xpuruntime.graph")
+    }
+    assert any(source.startswith("xpuruntime.graph.passes.") for source in found)  # the analysis sees them
+    assert {source: targets for source, targets in found.items() if targets} == {}
+
+
+@pytest.mark.parametrize("module", sorted(set(core_modules()) - NEEDS_TORCH))
 def test_core_module_imports_alone_without_torch_or_triton(module):
     code = (
         f"import sys, {module}; heavy = sorted({{'torch', 'triton'}} & set(sys.modules)); "

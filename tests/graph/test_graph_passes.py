@@ -27,13 +27,14 @@ from xpuruntime.graph.passes import (
 )  # fmt: skip
 from xpuruntime.onnx.executor import run_graph
 from xpuruntime.onnx.importer import import_model
+from xpuruntime.onnx.semantics import ONNX_SEMANTICS
 from xpuruntime.registry import default_registry
 
 F = TensorProto.FLOAT
 
 
 def ctx() -> PassContext:
-    return PassContext(frozenset(default_registry().ops))
+    return PassContext(frozenset(default_registry().ops), semantics=ONNX_SEMANTICS)
 
 
 def model(nodes: list, inputs: list, outputs: list, consts: dict[str, np.ndarray]) -> Graph:

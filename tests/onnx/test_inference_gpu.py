@@ -32,6 +32,6 @@ def test_encoder_matches_onnxruntime_on_gpu(model: bytes, graphs: bool) -> None:
         tensors = session.run(None, {k: torch.from_numpy(v).cuda() for k, v in feed.items()})[0]
         assert tensors.is_cuda
         np.testing.assert_allclose(tensors.cpu().numpy(), want, rtol=0, atol=1e-3)
-    notes = {entry.note for entry in session._backend.entries.values()}
+    notes = {entry.note for entry in session.runner.cache.values()}
     assert notes == ({"CUDA graph captured"} if graphs else {"CUDA graph off"}), notes
     assert "[cpu]" not in session.explain()  # every kernel step runs on the GPU

@@ -63,7 +63,7 @@ def test_plans_are_made_once_per_signature(encoder: bytes, monkeypatch: pytest.M
     assert len(calls) == planned  # no re-planning on later runs
     session.run(None, encoder_inputs(3, 4, vocab=50))
     assert len(calls) == 2 * planned  # a new signature gets its own plan
-    assert len(session._plans) == 2
+    assert len(session.runner.plans()) == 2
 
 
 def test_results_never_share_reused_buffers(encoder: bytes) -> None:
@@ -74,7 +74,7 @@ def test_results_never_share_reused_buffers(encoder: bytes) -> None:
     b = session.run(None, feed_b)[0]
     np.testing.assert_array_equal(a, a_copy)  # the second run did not write into the first result
     assert not np.shares_memory(a, b)
-    plan = next(iter(session._plans.values()))
+    plan = session.runner.plans()[0]
     assert plan.reused_buffers > 0
 
 
@@ -120,7 +120,7 @@ def test_save_optimized_graph_and_profile(encoder: bytes, tmp_path, monkeypatch:
     session.run(None, encoder_inputs(2, 5, vocab=50))
     session.run(None, encoder_inputs(2, 5, vocab=50))
     trace = json.loads((tmp_path / session.end_profiling()).read_text())
-    assert len(trace["traceEvents"]) == len(next(iter(session._plans.values())).bound_steps)  # the steps run
+    assert len(trace["traceEvents"]) == len(session.runner.plans()[0].bound_steps)  # the steps run
 
 
 def test_cli_run_builtin_and_file(tmp_path, capsys: pytest.CaptureFixture) -> None:

@@ -14,6 +14,7 @@ ort = pytest.importorskip("onnxruntime")
 
 from xpuruntime.graph.passes import optimize  # noqa: E402
 from xpuruntime.onnx import InferenceSession, SessionOptions  # noqa: E402
+from xpuruntime.onnx.semantics import ONNX_SEMANTICS  # noqa: E402
 
 LEVELS = ("disabled", "basic", "extended", "all")
 
@@ -140,5 +141,5 @@ def test_encoder_fusions_at_level_all(encoder_model: bytes) -> None:
     session.run(None, encoder_feed(np.random.default_rng(3), 2, 5))
     text = session.explain()
     assert "attention/" in text and "matmul/" in text and "fused_elementwise/" in text
-    gpu_graph, _ = optimize(session.original, 99, session.dispatcher, device="cuda")
+    gpu_graph, _ = optimize(session.original, 99, session.dispatcher, "cuda", ONNX_SEMANTICS)
     assert gpu_graph.op_counts().get("linear", 0) == 12  # q, k, v, o, up, down per layer, bias in the GEMM

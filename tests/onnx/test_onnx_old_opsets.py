@@ -182,3 +182,13 @@ def test_selu_1_and_clip_6_use_their_own_defaults(level: str) -> None:
     big = np.finfo(np.float32).max  # Clip-6 clamps to the float range by default: inf becomes the largest float
     same(got, [np.clip(x, -big, big)])
     same(got, run_ort(clip, {"x": x}))
+
+
+# -- Slice-1: starts, ends and axes are attributes -------------------------------------------------------
+@pytest.mark.parametrize("level", LEVELS)
+def test_slice_before_opset_10_takes_attributes(level: str, rng) -> None:
+    nodes = [helper.make_node("Slice", ["x"], ["y"], starts=[1, -4], ends=[100, -1], axes=[0, -1])]
+    model = make(nodes, [vi("x", [4, 6])], [vi("y", None)], opset=9)
+    x = rng.standard_normal((4, 6)).astype(np.float32)
+    same(run(model, {"x": x}, level), [x[1:, -4:-1]])
+    same(run(model, {"x": x}, level), run_ort(model, {"x": x}))

@@ -164,7 +164,7 @@ def test_gpu_path_uses_fed_initializers_too(level: str, rng) -> None:
     """The GPU runner (here with CPU tensors, so no kernels: a scale folded with a constant, a bias, a
     Reshape target): NumPy and tensor feeds of initializers, and runs without them in between."""
     torch = pytest.importorskip("torch")
-    from xpuruntime.onnx.gpu import GpuRunner
+    from xpuruntime.onnx.runners import gpu_runner_factory
 
     consts = {
         "scale": rng.standard_normal(6).astype(np.float32),
@@ -180,8 +180,9 @@ def test_gpu_path_uses_fed_initializers_too(level: str, rng) -> None:
     ]
     inputs = [vi("x", [3, 6]), vi("scale", [6]), vi("bias", [6]), vi("target", [2], I64)]
     model = make(nodes, inputs, [vi("y", None)], consts)
-    ours, theirs = session(model, level), ort_session(model)
-    ours._backend = GpuRunner(ours, torch_device="cpu")
+    options = SessionOptions(graph_optimization_level=level, enable_cuda_graph=False)
+    ours = InferenceSession(model.SerializeToString(), options, runner=gpu_runner_factory("cpu"))
+    theirs = ort_session(model)
     x = rng.standard_normal((3, 6)).astype(np.float32)
     s1, s2 = (rng.standard_normal(6).astype(np.float32) for _ in range(2))
     feeds = [

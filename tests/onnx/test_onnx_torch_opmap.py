@@ -19,12 +19,18 @@ from xpuruntime.dispatch import Dispatcher  # noqa: E402
 from xpuruntime.onnx import InferenceSession, SessionOptions, UnsupportedModelError  # noqa: E402
 from xpuruntime.onnx.backend import claims  # noqa: E402
 from xpuruntime.onnx.builtin import encoder_inputs, encoder_model  # noqa: E402
-from xpuruntime.onnx.gpu import GpuRunner  # noqa: E402
+from xpuruntime.onnx.runners import gpu_runner_factory  # noqa: E402
 from xpuruntime.registry import Registry, default_registry  # noqa: E402
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     CASES = [c for c in load_model_tests(kind="node") if claims(c.model)]
+
+_FFT_NOISE = (
+    "the expected imaginary parts are NumPy's float32 FFT round-off (1.9e-7, above the case's atol 1e-7) where "
+    "the exact value is 0; torch.fft rounds differently (the NumPy path, using NumPy's FFT, matches)"
+)
+KNOWN_TORCH = {**KNOWN, "test_dft_inverse": _FFT_NOISE, "test_dft_inverse_opset19": _FFT_NOISE}
 
 
 @pytest.fixture(scope="module")
@@ -37,9 +43,7 @@ def no_kernels() -> Dispatcher:
 
 def torch_session(model: object, level: str, dispatcher: Dispatcher) -> InferenceSession:
     options = SessionOptions(graph_optimization_level=level, enable_cuda_graph=False)
-    session = InferenceSession(model, options, dispatcher=dispatcher)
-    session._backend = GpuRunner(session, torch_device="cpu")
-    return session
+    return InferenceSession(model, options, dispatcher=dispatcher, runner=gpu_runner_factory("cpu"))
 
 
 def _array(x: object) -> np.ndarray:
@@ -49,7 +53,10 @@ def _array(x: object) -> np.ndarray:
 @pytest.mark.parametrize("level", ["disabled", "all"])
 @pytest.mark.parametrize(
     "case",
-    [pytest.param(c, marks=pytest.mark.xfail(reason=KNOWN[c.name])) if c.name in KNOWN else c for c in CASES],
+    [
+        pytest.param(c, marks=pytest.mark.xfail(reason=KNOWN_TORCH[c.name])) if c.name in KNOWN_TORCH else c
+        for c in CASES
+    ],
     ids=lambda c: c.name,
 )
 def test_node_torch(case: object, level: str, no_kernels: Dispatcher) -> None:

@@ -60,14 +60,15 @@ def test_matches_pytorch_eager(kind, dtype):
     """The module's values: act(gate) rounded to the dtype before the product, as PyTorch stores it. Bits differ
     only where NumPy's exp / tanh / erf and PyTorch's move fp32 act(gate) by an ulp across a float16 rounding
     boundary (a single rounding of the product would differ in about a third of the elements)."""
-    gate = (torch.randn(8, 7, 99, dtype=torch.float64) * 3).to(dtype)
-    up = torch.randn(8, 7, 99, dtype=torch.float64).to(dtype)
+    g = torch.Generator().manual_seed(11)
+    gate = (torch.randn(8, 7, 99, dtype=torch.float64, generator=g) * 3).to(dtype)
+    up = torch.randn(8, 7, 99, dtype=torch.float64, generator=g).to(dtype)
     got, want = forward(kind, gate, up), eager(kind, gate, up)
     assert got.dtype == dtype
     if dtype == torch.float16:
         assert float((got != want).float().mean()) < (0.002 if kind == "silu" else 0.05)
-        if kind == "silu":
-            assert int((got.view(torch.int16).int() - want.view(torch.int16).int()).abs().max()) <= 1
+        if kind == "silu":  # an act(gate) one step off moves the product by at most two steps
+            assert int((got.view(torch.int16).int() - want.view(torch.int16).int()).abs().max()) <= 2
         else:  # the CPU kernel's fp32 erf / tanh are approximations: a few float16 steps on small values
             torch.testing.assert_close(got, want, rtol=4e-3, atol=1e-6)
         single = (F.silu(gate.float()) if kind == "silu" else F.gelu(gate.float(), approximate=kind)) * up.float()

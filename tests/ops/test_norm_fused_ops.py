@@ -59,13 +59,14 @@ def ulps(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
 def test_llama_casting_reproduces_the_hf_module(dtype):
+    torch.manual_seed(5)
     x = torch.randn(64, 96, dtype=torch.float64).mul(3).to(dtype)
     w = torch.randn(96, dtype=torch.float64).to(dtype)
     got = xrt.ops.rms_norm(x, 96, w, 1e-6, casting="llama")
     want = llama_rms_norm(x, w, 1e-6)
     assert got.dtype == want.dtype
-    if dtype == torch.float16:  # the fp32 row sums' order may differ: a last-place flip of x_hat, rarely
-        assert int(ulps(got, want).max()) <= 1
+    if dtype == torch.float16:  # the fp32 row sums' order may differ: a last-place flip of x_hat, rarely,
+        assert int(ulps(got, want).max()) <= 2  # which the product with w may turn into two steps
         assert float((got == want).float().mean()) > 0.98
     else:
         torch.testing.assert_close(got, want, rtol=2e-6, atol=1e-6)
@@ -77,6 +78,7 @@ def test_llama_casting_reproduces_the_hf_module(dtype):
 
 
 def test_offset_reproduces_gemma():
+    torch.manual_seed(6)
     x = torch.randn(32, 48, dtype=torch.float64).to(torch.float16)
     w = (torch.randn(48, dtype=torch.float64) * 0.1).to(torch.float16)
     got = xrt.ops.rms_norm(x, 48, w, 1e-6, offset=1.0)

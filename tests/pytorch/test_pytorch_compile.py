@@ -312,3 +312,43 @@ def test_opcheck_every_custom_op():
     ]
     for op, args in cases:
         torch.library.opcheck(op, args)
+
+
+def test_the_inductor_passes_pickle_by_name_for_the_fx_graph_cache_key(cpu_routing):
+    """Inductor pickles its config into its FX graph cache's key (PyTorch 2.11 with the pre-grad pass in it):
+    a pass it cannot pickle bypasses the cache on every compile. Ours pickle and keep their uuid."""
+    import pickle
+
+    import torch._inductor.config as inductor_config
+
+    xtorch.set_kernel_policy(policy("matmul", registry=cpu_routing))
+    for slot in ("pre_grad_custom_pass", "post_grad_custom_pre_pass"):
+        installed = getattr(inductor_config, slot)
+        copy = pickle.loads(pickle.dumps(installed))
+        assert type(copy) is type(installed) and copy.uuid() == installed.uuid(), slot
+
+
+def test_a_graphs_kernel_keeps_no_workspace_past_its_call(cpu_routing):
+    """Inside a custom op (a compiled graph's call) a kernel's workspace is fresh and freed with the call:
+    inductor's CUDA graph pools must hold nothing of ours once a graph returns (reduce-overhead)."""
+    import gc
+    import weakref
+
+    lent = []
+
+    def scratchy_ln(args):
+        lent.append(weakref.ref(args.workspace))
+        _torch_ln(args)
+
+    cpu_routing.register_kernel(
+        kernel("layer_norm", "scratchy_ln", backend="torchcpu", dtypes={"float32"},
+               workspace_bytes=lambda ctx: 256)(scratchy_ln)
+    )  # fmt: skip
+    x = torch.randn(3, 8)
+    expected = F.layer_norm(x, (8,))
+    xtorch.set_kernel_policy(xrt.KernelPolicy({"layer_norm": "scratchy_ln"}, validate=cpu_routing))
+    for _ in range(2):
+        out = torch.ops.xpuruntime.layer_norm(x, [8], None, None, 1e-5)
+        torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    gc.collect()
+    assert len(lent) == 2 and all(ref() is None for ref in lent)

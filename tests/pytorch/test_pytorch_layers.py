@@ -24,6 +24,7 @@ LAYERS = [
     | {"patching", "patching.architectures", "patching.binding", "patching.forwards"},
     {"install"},
     {"compiled"},
+    {"inductor_pass"},
     {"routes", "routes.attention", "routes.matmul", "routes.norm"},
     {"tracing"},
     {

@@ -139,3 +139,20 @@ def test_peak_bytes_is_the_largest_lent_by_many_threads():
     finally:
         sys.setswitchinterval(old)
     assert manager.peak_bytes == 256
+
+
+def test_lends_inside_per_call_are_fresh_and_kept_by_nothing():
+    manager = WorkspaceManager()
+    empty = lambda shape, dtype, dev, stream: np.empty(shape, dtype)  # noqa: E731
+    cached = manager.lend(64, "cpu", empty)
+    with manager.per_call():
+        with manager.per_call():  # nests
+            inner = manager.lend(64, "cpu", empty)
+        fresh = manager.lend(64, "cpu", empty)
+    assert fresh.nbytes == inner.nbytes == 64
+    assert not np.shares_memory(fresh, cached) and not np.shares_memory(fresh, inner)
+    gone = weakref.ref(fresh)
+    del fresh
+    gc.collect()
+    assert gone() is None
+    assert np.shares_memory(manager.lend(64, "cpu", empty), cached)  # outside: the cached buffer again

@@ -4,8 +4,9 @@
     xpuruntime bench report RESULT.json ... --output BENCHMARKS.md
 
 Subjects: `gemm` (cuBLASLt, the Triton matmul, GEMV), `attention`, `norm`, `elementwise` (fused elementwise
-and reductions), `host` (dispatch overhead and aten-override cost), `inference` (InferenceSession) and
-`training` (the example's training step under a policy). A run writes one result file, STEM.json, with the
+and reductions), `host` (dispatch overhead and aten-override cost), `inference` (InferenceSession), `zoo` (real exported
+models: CPU beside onnxruntime, GPU beside torch.compile and eager, session creation) and `training` (the
+example's training step under a policy). A run writes one result file, STEM.json, with the
 machine, versions, commit and date beside every row, and STEM.md and STEM.png (ratios on a log scale) next
 to it; `report` turns result files into BENCHMARKS.md.
 

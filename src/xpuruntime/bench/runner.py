@@ -17,7 +17,8 @@ from .timing import default_timer, interleaved
 
 OURS, ANCHOR = "ours", "anchor"
 SELECTION_FLOORS = {"auto": 0.95, "autotune": 0.98}  # the fastest kernel's time over the mode's
-NOT_SUBJECTS = ("row", "common", "timing", "runner", "report", "summary", "cli")  # the suite's own modules
+# the suite's own modules (zoo_models: the models the zoo rows and the zoo tests share)
+NOT_SUBJECTS = ("row", "common", "timing", "runner", "report", "summary", "cli", "zoo_models")
 
 
 def discover(package: str = "xpuruntime.bench") -> tuple[list[Row], list[tuple[str, str]]]:

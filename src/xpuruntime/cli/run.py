@@ -30,9 +30,36 @@ def _dims(pairs: list[str]) -> dict[str, int]:
     return result
 
 
+SHAPE_PRESERVING = ("Cast", "Identity", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Expand")
+
+
+def index_limits(graph: Any) -> dict[str, int]:
+    """For each integer input that indexes a constant table (a Gather's indices, directly or through casts and
+    reshapes: token ids, token types, positions), the smallest table size along a gathered axis."""
+    consumers = graph.consumers()
+    limits: dict[str, int] = {}
+    for value in graph.inputs:
+        frontier, seen = [value.name], {value.name}
+        while frontier:
+            name = frontier.pop()
+            for node in consumers.get(name, []):
+                if node.domain:
+                    continue
+                table = graph.constant(node.inputs[0]) if node.op == "Gather" and node.inputs[1:2] == [name] else None
+                if table is not None and table.ndim:
+                    size = int(table.shape[node.attrs.get("axis", 0)])
+                    limits[value.name] = min(limits.get(value.name, size), size)
+                elif node.op in SHAPE_PRESERVING and node.inputs[0] == name and node.outputs[0] not in seen:
+                    seen.add(node.outputs[0])
+                    frontier.append(node.outputs[0])
+    return limits
+
+
 def random_feed(session: Any, dims: dict[str, int], seed: int = 0) -> dict[str, np.ndarray]:
-    """Random inputs of the model's declared types; symbolic dims from `dims` (default 2), ints in [0, 10)."""
+    """Random inputs of the model's declared types; symbolic dims from `dims` (default 2). Integers that index a
+    table (token ids into an embedding) lie within it; other integers in [0, 10)."""
     rng = np.random.default_rng(seed)
+    limits = index_limits(session.original)
     feed = {}
     for arg in session.get_inputs():
         shape = [d if isinstance(d, int) else dims.get(str(d), 2) for d in arg.shape]
@@ -42,7 +69,7 @@ def random_feed(session: Any, dims: dict[str, int], seed: int = 0) -> dict[str, 
         elif dtype.kind == "b":
             feed[arg.name] = rng.random(shape) < 0.5
         else:
-            feed[arg.name] = rng.integers(0, 10, shape).astype(dtype)
+            feed[arg.name] = rng.integers(0, max(limits.get(arg.name, 10), 1), shape).astype(dtype)
     return feed
 
 

@@ -64,15 +64,30 @@ class Node:
         label = self.name or (self.outputs[0] if self.outputs else "?")
         return f"node '{label}' ({self.op})"
 
+    def subgraphs(self) -> list[Graph]:
+        """The graphs among the node's attributes (the bodies of If, Loop, Scan)."""
+        return [v for v in self.attrs.values() if isinstance(v, Graph)]
+
+    def implicit_inputs(self) -> list[str]:
+        """The names its subgraphs read from the graphs around them, in order: the node's last inputs
+        (onnxruntime's implicit inputs), bound to the subgraphs by position, so passes may rename them."""
+        names: list[str] = []
+        for graph in self.subgraphs():
+            names += [n for n in graph.outer if n not in names]
+        return names
+
 
 def _short(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-@dataclass
+@dataclass(repr=False)
 class Graph:
-    """Nodes in topological order plus the graph's inputs, outputs, initializers and value types."""
+    """Nodes in topological order plus the graph's inputs, outputs, initializers and value types.
+
+    A subgraph (the attribute of a control-flow node) also reads values of the graphs around it: `outer`
+    names them, in the order its node takes them as its last inputs (see Node.implicit_inputs)."""
 
     nodes: list[Node]
     inputs: list[Value]
@@ -81,7 +96,11 @@ class Graph:
     values: dict[str, Value] = field(default_factory=dict)  # known types of intermediate values
     opset: int = 17
     name: str = "graph"
-    _counter: itertools.count = field(default_factory=itertools.count, repr=False)
+    outer: tuple[str, ...] = ()
+    _counter: itertools.count = field(default_factory=itertools.count)
+
+    def __repr__(self) -> str:
+        return f"<Graph {self.name}: {len(self.nodes)} nodes>"
 
     # -- queries -----------------------------------------------------------------------------
     def value(self, name: str) -> Value:
@@ -118,13 +137,19 @@ class Graph:
         """The initializer's array, or None if `name` is not a constant."""
         return self.initializers.get(name)
 
-    def fresh_name(self, hint: str) -> str:
-        """A value or node name not used anywhere in the graph yet."""
-        taken = self._names()
+    def fresh_name(self, hint: str, taken: set[str] | None = None) -> str:
+        """A value or node name not used anywhere in the graph yet. A pass that makes many names passes the set
+        of `taken_names()` it got once (the new name is added to it), so that each name costs O(1)."""
+        taken = self.taken_names() if taken is None else taken
         while True:
             candidate = f"{hint}__{next(self._counter)}"
             if candidate not in taken:
+                taken.add(candidate)
                 return candidate
+
+    def taken_names(self) -> set[str]:
+        """Every value and node name in the graph, now."""
+        return self._names()
 
     def _names(self) -> set[str]:
         names = set(self.initializers) | {v.name for v in (*self.inputs, *self.outputs)}
@@ -142,7 +167,7 @@ class Graph:
     def verify(self) -> None:
         """Raise GraphError unless every input is defined before use, each value is produced once, the
         graph outputs exist, and the nodes have no cycle."""
-        defined = set(self.initializers) | {v.name for v in self.inputs}
+        defined = set(self.initializers) | {v.name for v in self.inputs} | set(self.outer)
         producer: dict[str, Node] = {}
         for node in self.nodes:
             for out in node.outputs:
@@ -214,5 +239,5 @@ class Graph:
         nodes = [Node(n.op, list(n.inputs), list(n.outputs), dict(n.attrs), n.name, n.domain) for n in self.nodes]
         return Graph(
             nodes, list(self.inputs), list(self.outputs), dict(self.initializers), dict(self.values),
-            self.opset, self.name,
+            self.opset, self.name, self.outer,
         )  # fmt: skip

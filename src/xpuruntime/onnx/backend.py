@@ -8,8 +8,8 @@ import numpy as np
 import onnx
 from onnx.backend.base import Backend, BackendRep
 
-from .importer import SUPPORTED_DTYPES
-from .opmap import SUPPORTED
+from .dtypes import SUPPORTED_DTYPES
+from .ops import SUPPORTED
 from .options import GraphOptimizationLevel, SessionOptions
 from .session import InferenceSession
 
@@ -50,11 +50,22 @@ class XrtBackend(Backend):
         return device.upper() in ("CPU", "CUDA")
 
 
-def claims(model: onnx.ModelProto) -> bool:
-    """Whether every op and tensor type of `model` is one the session claims."""
-    for node in model.graph.node:
+def _ops_claimed(graph: onnx.GraphProto) -> bool:
+    """Whether every node of the graph, and of its subgraphs, is of an op the session runs."""
+    for node in graph.node:
         if node.domain not in ("", "ai.onnx") or node.op_type not in SUPPORTED:
             return False
+        for attr in node.attribute:
+            subgraphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
+            if not all(_ops_claimed(sub) for sub in subgraphs):
+                return False
+    return True
+
+
+def claims(model: onnx.ModelProto) -> bool:
+    """Whether every op (subgraphs included) and tensor type of `model` is one the session claims."""
+    if not _ops_claimed(model.graph):
+        return False
     for v in (*model.graph.input, *model.graph.output):
         if not v.type.HasField("tensor_type"):
             return False

@@ -18,8 +18,20 @@ class InputFeedError(ArgumentError):
     """`run()` got a missing, unknown or unconvertible input."""
 
 
+class OutputTooLargeError(XpuRuntimeError, MemoryError):
+    """A node's output, estimated from its input shapes before anything is allocated, exceeds the memory a
+    tensor may take (SessionOptions.max_tensor_bytes); the message names the node, the shape and the bytes."""
+
+
 class NodeExecutionError(LaunchError):
     """A node failed while running; the message names the node, its op and the input shapes."""
 
 
-__all__ = ["GraphError", "InputFeedError", "ModelLoadError", "NodeExecutionError", "UnsupportedModelError"]
+__all__ = [
+    "GraphError", "InputFeedError", "ModelLoadError", "NodeExecutionError", "OutputTooLargeError",
+    "RunTerminatedError", "UnsupportedModelError",
+]  # fmt: skip
+
+
+class RunTerminatedError(XpuRuntimeError, RuntimeError):
+    """A run was refused because its RunOptions.terminate was set."""

@@ -15,6 +15,7 @@ step whose arrays are all fixed launches an ArgPack built once (`_bind`).
 from __future__ import annotations
 
 import dataclasses
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -27,23 +28,10 @@ from ..abi import ArgPack
 from ..dispatch import Dispatcher
 from ..errors import UnsupportedByPolicyError, XpuRuntimeError
 from ..graph.ir import Graph, Node
-from .errors import NodeExecutionError
+from .errors import NodeExecutionError, OutputTooLargeError
 from .lowering import XRT_DOMAIN, flattens, lower
-from .opmap import OPS
-
-ALWAYS_STATIC = frozenset({"Shape", "Size"})
-# node inputs whose values set the shape of the node's output: fed by a value that is not constant for the
-# signature (a graph input's values, say), the output's shape can change from run to run of one plan
-SHAPE_INPUTS = {
-    "Reshape": (1,), "Expand": (1,), "Tile": (1, 2), "Slice": (1, 2, 3, 4), "Range": (0, 1, 2),
-    "ConstantOfShape": (0,), "Squeeze": (1,), "Unsqueeze": (1,), "Split": (1,), "Pad": (1, 3), "TopK": (1,),
-    "Resize": (1, 2, 3), "Upsample": (1,),
-    **{f"Reduce{op}": (1,) for op in ("Sum", "Mean", "Max", "Min", "Prod", "L1", "L2", "SumSquare", "LogSum",
-                                      "LogSumExp")},
-}  # fmt: skip
-TUPLE_RESULTS = frozenset(
-    {"LayerNormalization", "Split", "TopK", "Dropout"}
-)  # op-map functions that return a tuple  # their outputs depend only on the input signature
+from .ops import OPS
+from .ops.record import broadcast_size
 
 
 @dataclass
@@ -69,6 +57,29 @@ class Step:
         return f"{self.kind} op map" + (f" ({self.note})" if self.note else "")
 
 
+class Arena:
+    """Host memory for the reused buffers of plans: every plan of a runner lays its buffers out in the same
+    block, so that the plans of many input signatures hold the largest one's memory, not the sum. One
+    shared-buffer run at a time uses it (`lock`); a run that finds it taken allocates its own arrays. A plan
+    needing more than the block holds replaces it with a larger one; the others move to it on their next run."""
+
+    def __init__(self) -> None:
+        self.block: tuple[int, np.ndarray] = (0, np.empty(0, np.uint8))  # (generation, memory), replaced whole
+        self.lock = threading.Lock()
+
+    def fit(self, nbytes: int) -> None:
+        generation, memory = self.block
+        if nbytes > memory.nbytes:
+            self.block = (generation + 1, np.empty(nbytes, np.uint8))
+
+    @property
+    def nbytes(self) -> int:
+        return self.block[1].nbytes
+
+
+ALIGN = 64  # bytes between buffers in an arena
+
+
 @dataclass
 class ExecutionPlan:
     """Steps, constant slots and buffer assignment for one input signature."""
@@ -82,22 +93,29 @@ class ExecutionPlan:
     varying: int = 0  # steps whose input shapes depend on input values (run by the op map, never captured)
     static_outputs: set[int] = field(default_factory=set)  # outputs that are plan constants: copied out
     reused_buffers: int = 0
+    nbytes: int = 0  # host memory the plan keeps alive (see _held_bytes)
     profile: list[tuple[str, float]] = field(default_factory=list)
     plain_template: list | None = None  # the template without the reused buffers (for concurrent runs)
     bound_template: list | None = None  # the template plus every fixed value of a shared-buffer run
     bound_steps: list[Step] = field(default_factory=list)  # what is left to run with it (see _bind)
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    layout: list[tuple[int, int, tuple, np.dtype]] = field(default_factory=list)  # (slot, offset, shape, dtype)
+    arena_bytes: int = 0  # what the reused buffers and the kernels' workspace take in the arena
+    workspace: tuple[int, int] = (0, 0)  # (offset, bytes) of the bound launches' workspace in the arena
+    arena: Arena | None = None
+    generation: int = -1  # of the arena block the bound template views
 
     def run(self, feeds: list[np.ndarray], profiling: bool = False) -> list[Any]:
         """Run the steps; a run that finds another one using the shared buffers allocates its own."""
-        if self.plain_template is None:
+        if self.arena is None:
             return self._run(self.template, self.steps, feeds, profiling)
-        if not self.lock.acquire(blocking=False):
+        if not self.arena.lock.acquire(blocking=False):
             return self._run(self.plain_template, self.steps, feeds, profiling)
         try:
+            if self.generation != self.arena.block[0]:
+                _attach(self)
             return self._run(self.bound_template, self.bound_steps, feeds, profiling)
         finally:
-            self.lock.release()
+            self.arena.lock.release()
 
     def _run(self, template: list, steps: list[Step], feeds: list[np.ndarray], profiling: bool) -> list[Any]:
         with np.errstate(all="ignore"):  # inf/NaN follow IEEE rules silently, as in onnxruntime
@@ -117,6 +135,8 @@ class ExecutionPlan:
             else:
                 for index, step in enumerate(steps):  # noqa: B007 (index names the failing step)
                     step.run(env)
+        except OutputTooLargeError:
+            raise
         except XpuRuntimeError as exc:
             raise NodeExecutionError(_failure(steps[index], env, exc)) from exc
         except Exception as exc:
@@ -155,16 +175,29 @@ class Planner:
     """Builds an ExecutionPlan for one input signature by running the graph once (NumPy arrays; the GPU
     planner overrides the hooks marked below for device tensors)."""
 
-    op_table: dict = OPS  # hook: the functions of non-kernel steps
-    step_kind = "numpy"  # hook: how explain() labels them
+    step_kind = "numpy"  # hook: how explain() labels non-kernel steps
     wrap: Callable = staticmethod(np.asarray)  # hook: what a non-kernel step's result is turned into
 
-    def __init__(self, graph: Graph, dispatcher: Dispatcher, fns: dict[int, Callable], reuse_memory: bool = True):
+    def function(self, node: Node) -> Callable:
+        """Hook: a non-kernel step's function (built by the op record's NumPy builder here)."""
+        return OPS[node.op].numpy(node, self.graph.opset)
+
+    def __init__(
+        self,
+        graph: Graph,
+        dispatcher: Dispatcher,
+        fns: dict[int, Callable],
+        reuse_memory: bool = True,
+        max_tensor_bytes: int = 0,
+        arena: Arena | None = None,
+    ):
         self.graph = graph
         self.dispatcher = dispatcher
         self.fns = fns  # id(node) -> step function (built once per session)
         self.static_fns: dict[int, Callable] = {}
         self.reuse_memory = reuse_memory
+        self.max_tensor_bytes = max_tensor_bytes  # 0: no bound (see check_output_size)
+        self.arena = arena  # where reused buffers live (None: an arena of the plan's own)
 
     def build(self, feeds: dict[str, np.ndarray]) -> tuple[ExecutionPlan, list[Any]]:
         with np.errstate(all="ignore"):
@@ -182,6 +215,14 @@ class Planner:
                 values.append(None)
             return slots[name]
 
+        def output_slot(name: str) -> int:
+            """An output the model leaves out ('') gets a slot of its own: slot 0, read for optional inputs
+            left out, must stay None."""
+            if name:
+                return slot(name)
+            values.append(None)
+            return len(values) - 1
+
         for name, array in graph.initializers.items():
             static.add(slot(name))
             values[slots[name]] = array
@@ -193,11 +234,12 @@ class Planner:
         varying: set[int] = set()  # slots whose shape can differ between runs of this signature
         for node in graph.nodes:
             ins = tuple(slot(n) for n in node.inputs)
-            outs = tuple(slot(n) for n in node.outputs)
+            outs = tuple(output_slot(n) for n in node.outputs)
             args = [values[i] for i in ins]
-            shape_only = node.op in ALWAYS_STATIC and not node.domain and ins[0] not in varying
+            shape_only = not node.domain and OPS[node.op].shape_only and ins[0] not in varying
             is_static = shape_only or all(i in static for i in ins)
             if is_static and node.domain != XRT_DOMAIN:
+                check_output_size(node, args, graph.opset, self.max_tensor_bytes)
                 try:
                     results = self._call_numpy(node, args)
                 except Exception as exc:
@@ -210,15 +252,17 @@ class Planner:
             varies = _varies(node, ins, static, varying)
             if varies:
                 varying.update(outs)
+            check_output_size(node, args, graph.opset, self.max_tensor_bytes)
             try:
                 ins = self._device_inputs(node, ins, values, static, slot)
                 if varies:  # a kernel's plan, buffer and lowered attributes hold for one shape only
-                    step = self._op_map_step(node, ins, outs, "input shapes depend on input values")
+                    step = _checked(self._op_map_step(node, ins, outs, "input shapes depend on input values"),
+                                    graph.opset, self.max_tensor_bytes)  # fmt: skip
                 else:
                     step = self._make_step(node, ins, outs, [values[i] for i in ins], values)
                 step = self._first_run(step, values, ins)
-            except UnsupportedByPolicyError:
-                raise  # a strict policy's refusal is the answer, not a node failure
+            except (UnsupportedByPolicyError, OutputTooLargeError):
+                raise  # a strict policy's refusal, or a size refused before allocating: the answer as it is
             except Exception as exc:
                 raise NodeExecutionError(_failure(Step(node, "numpy", ins, outs), values, exc)) from exc
             steps.append(step)
@@ -231,14 +275,21 @@ class Planner:
             plan.plain_template = list(template)
             plan.reused_buffers = _assign_buffers(plan, values, set(output_slots) | set(input_slots))
             plan.plain_template += [None] * (len(plan.template) - len(plan.plain_template))
-            _bind(plan)
+        for step in steps:
+            step.last_out = None  # only buffer assignment needed it: the plan must not keep a result alive
+        plan.nbytes = _held_bytes(plan.template, graph.initializers)  # the arena is counted by its owner
+        if self.reuse_memory:
+            plan.arena = self.arena or Arena()
+            plan.arena.fit(plan.arena_bytes)
+            with plan.arena.lock:
+                _attach(plan)
         return plan, _results(values, output_slots, plan.static_outputs, feeds.values())
 
     # -- steps -------------------------------------------------------------------------------
     def _call_numpy(self, node: Node, args: list) -> tuple:
         fn = self.static_fns.get(id(node))
         if fn is None:
-            fn = self.static_fns[id(node)] = OPS[node.op](node, self.graph.opset)
+            fn = self.static_fns[id(node)] = OPS[node.op].numpy(node, self.graph.opset)
         result = fn(*args)
         return _as_outputs(node, result)
 
@@ -247,6 +298,8 @@ class Planner:
         function (or the xrt op's fallback), with the failure kept in the step's note for explain()."""
         try:
             step.run(values)
+            if step.kind == "kernel":
+                step.last_out = _written(step, values[step.outputs[0]])
             return step
         except Exception as exc:
             if step.kind != "kernel":
@@ -256,10 +309,7 @@ class Planner:
         if node.domain == XRT_DOMAIN:
             replacement = self._fallback_step(node, ins, step.outputs, note)
         else:
-            fn = self.fns.get(id(node)) or self.op_table[node.op](node, self.graph.opset)
-            self.fns[id(node)] = fn
-            replacement = _numpy_step(node, ins, step.outputs, fn, note, self.wrap)
-            replacement.kind = self.step_kind
+            replacement = self._op_map_step(node, ins, step.outputs, note)
         replacement.run(values)
         return replacement
 
@@ -303,10 +353,60 @@ class Planner:
             return self._fallback_step(node, ins, outs, note or "no lowering")
         fn = self.fns.get(id(node))
         if fn is None:
-            fn = self.fns[id(node)] = self.op_table[node.op](node, self.graph.opset)
+            fn = self.fns[id(node)] = self.function(node)
         step = _numpy_step(node, ins, outs, fn, note, self.wrap)
         step.kind = self.step_kind
         return step
+
+
+def check_output_size(node: Node, args: list, opset: int, limit: int) -> None:
+    """Refuse, before anything is allocated, a node whose largest output (estimated by its op record from the
+    input shapes and host values) would take more than `limit` bytes (0: no limit)."""
+    if not limit:
+        return
+    size = XRT_SIZES.get(node.op) if node.domain == XRT_DOMAIN else None if node.domain else OPS[node.op].size
+    if size is None:
+        return
+    try:
+        shape, itemsize = size(node, args, opset)
+    except Exception:  # inputs the op itself refuses: its own error names what is wrong
+        return
+    nbytes = math.prod(int(d) for d in shape) * itemsize
+    if nbytes > limit:
+        raise OutputTooLargeError(
+            f"{node.describe()}: its output of shape {tuple(int(d) for d in shape)} would take {_gib(nbytes)} "
+            f"({nbytes} bytes), more than the {_gib(limit)} a tensor may take (SessionOptions.max_tensor_bytes)"
+        )
+
+
+XRT_SIZES = {"fused_elementwise": broadcast_size}  # xrt ops (made by the passes) whose outputs can outgrow inputs
+
+
+def _gib(nbytes: int) -> str:
+    return f"{nbytes / 2**30:.3g} GiB"
+
+
+def _checked(step: Step, opset: int, limit: int) -> Step:
+    """A step whose input shapes change from run to run checks its output size on every run."""
+    if not limit or (step.node.domain and step.node.op not in XRT_SIZES):
+        return step
+    if not step.node.domain and OPS[step.node.op].size is None:
+        return step
+    inner, node, ins = step.run, step.node, step.inputs
+
+    def run(env: list) -> None:
+        check_output_size(node, [env[i] for i in ins], opset, limit)
+        inner(env)
+
+    step.run = run
+    return step
+
+
+def _written(step: Step, value: Any) -> Any:
+    """The array a kernel step wrote: its output, or for a flattened MatMul the (M, N) array it views."""
+    if step.flat and isinstance(value, np.ndarray):
+        return value.reshape(-1, value.shape[-1])
+    return value
 
 
 def _varies(node: Node, ins: tuple, static: set[int], varying: set[int]) -> bool:
@@ -314,7 +414,7 @@ def _varies(node: Node, ins: tuple, static: set[int], varying: set[int]) -> bool
     a shape-setting input (a Reshape's target, a Slice's bounds, a Reduce's axes) is not a constant."""
     if any(i in varying for i in ins):
         return True
-    positions = SHAPE_INPUTS.get(node.op, ()) if not node.domain else ()
+    positions = OPS[node.op].shape_inputs if not node.domain else ()
     return any(p < len(ins) and ins[p] not in static for p in positions)
 
 
@@ -325,7 +425,7 @@ def _as_outputs(node: Node, result: Any) -> tuple:
 
 def _numpy_step(node: Node, ins: tuple, outs: tuple, fn: Callable, note: str, wrap: Callable) -> Step:
     step = Step(node, "numpy", ins, outs, fn=fn, note=note)
-    if len(outs) == 1 and node.op not in TUPLE_RESULTS:
+    if len(outs) == 1 and not OPS[node.op].tuple_output:
         (o,) = outs
 
         if len(ins) == 1:
@@ -387,7 +487,6 @@ def _kernel_step(
             env[o] = out
         if finish is not None:
             finish(stream)
-        step.last_out = out
 
     step.run = run
     return step
@@ -410,8 +509,24 @@ def _reference_step(node: Node, ins: tuple, outs: tuple, dispatcher: Dispatcher,
     return step
 
 
+def _held_bytes(template: list, initializers: dict[str, Any]) -> int:
+    """Bytes of host memory a plan's template keeps alive besides the graph's initializers: values folded for
+    the signature and reused buffers (a view counts as the array it views, once)."""
+    shared = {id(a) for a in initializers.values()}
+    counted: set[int] = set()
+    total = 0
+    for value in template:
+        while isinstance(value, np.ndarray) and value.base is not None:
+            value = value.base
+        if isinstance(value, np.ndarray) and id(value) not in shared and id(value) not in counted:
+            counted.add(id(value))
+            total += value.nbytes
+    return total
+
+
 def _assign_buffers(plan: ExecutionPlan, values: list, pinned: set[int]) -> int:
-    """Share output buffers between kernel steps whose values (and every view of them) are dead.
+    """Share output buffers between kernel steps whose values (and every view of them) are dead; each buffer
+    gets a region of the plan's arena layout (`plan.layout`, `plan.arena_bytes`), as does the workspace.
 
     Views are found by memory overlap on the planning run: a NumPy step's output that overlaps a kernel
     output keeps that buffer alive. Buffers feeding graph outputs are never shared."""
@@ -433,8 +548,8 @@ def _assign_buffers(plan: ExecutionPlan, values: list, pinned: set[int]) -> int:
         if any(s in pinned for s in aliases):
             continue
         end[slot] = max([last_use.get(slot, index), *(last_use.get(s, float("inf")) for s in aliases)])
-    free: dict[tuple, list[np.ndarray]] = {}
-    releasing: list[tuple[float, int, tuple, np.ndarray]] = []
+    free: dict[tuple, list[int]] = {}  # (shape, dtype) -> offsets of dead buffers
+    releasing: list[tuple[float, int, tuple, int]] = []
     reused = 0
     for index, step in enumerate(steps):
         still = []
@@ -450,25 +565,39 @@ def _assign_buffers(plan: ExecutionPlan, values: list, pinned: set[int]) -> int:
         key = (step.last_out.shape, step.last_out.dtype)
         pool = free.get(key)
         if pool:
-            buffer = pool.pop()
+            offset = pool.pop()
             reused += 1
         else:
-            buffer = step.last_out  # the planning run's array becomes this step's buffer
+            offset = plan.arena_bytes
+            plan.arena_bytes += -(-step.last_out.nbytes // ALIGN) * ALIGN
         step.buffer_slot = len(plan.template)
-        plan.template.append(buffer)
-        releasing.append((end[slot], slot, key, buffer))
+        plan.template.append(None)  # a view of the arena, set by _attach
+        plan.layout.append((step.buffer_slot, offset, *key))
+        releasing.append((end[slot], slot, key, offset))
+    sizes = [s.plan.workspace_bytes for s in steps if s.kind == "kernel"]
+    plan.workspace = (plan.arena_bytes, max(sizes, default=0))
+    plan.arena_bytes += plan.workspace[1]
     return reused
 
 
-def _bind(plan: ExecutionPlan) -> None:
+def _attach(plan: ExecutionPlan) -> None:
+    """Point the plan's reused buffers (and workspace) at the arena's block of now, and rebind."""
+    generation, memory = plan.arena.block
+    for slot, offset, shape, dtype in plan.layout:
+        size = math.prod(shape) * dtype.itemsize
+        plan.template[slot] = memory[offset : offset + size].view(dtype).reshape(shape)
+    offset, size = plan.workspace
+    _bind(plan, memory[offset : offset + size])
+    plan.generation = generation
+
+
+def _bind(plan: ExecutionPlan, workspace: np.ndarray) -> None:
     """Make the shared-buffer run's bound template and steps. A value is fixed (set in the bound template)
     when it is the same array in every such run: a constant, a kernel step's reused buffer, a view of one.
     Views of fixed values are taken once, here, and kernel steps reading and writing only fixed arrays get
     a prebuilt launch."""
     template = list(plan.template)
     constants = {i for i, v in enumerate(plan.plain_template) if v is not None}
-    sizes = [s.plan.workspace_bytes for s in plan.steps if s.kind == "kernel"]
-    workspace = np.empty(max(sizes, default=0), np.uint8)  # bound launches run one at a time (plan.lock)
     steps = []
     for step in plan.steps:
         if step.kind == "kernel":

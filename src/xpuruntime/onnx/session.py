@@ -11,32 +11,47 @@ which those are inputs: nothing folded, fused or packed from their defaults is u
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from ..dispatch import Dispatcher, default_dispatcher
-from ..errors import ArgumentError, DTypeError, ShapeError
+from ..errors import ArgumentError
 from ..graph.ir import Graph, Value
 from ..graph.passes import PassRecord, optimize
-from ..policy import KernelPolicy, as_policy, current_policy, kernel_policy
-from .errors import InputFeedError
-from .executor import ExecutionPlan, Planner
+from ..policy import KernelPolicy, as_policy
+from .errors import InputFeedError, RunTerminatedError
+from .executor import ExecutionPlan
 from .importer import import_model, load_model, overridable_initializers
-from .options import GraphOptimizationLevel, SessionOptions
+from .iobinding import IOBinding
+from .options import RunOptions, SessionOptions
+from .providers import resolve
+from .runners import GraphVariant, Runner, make_runner
+from .semantics import ONNX_SEMANTICS
+from .threads import ThreadLimits
 
 _ONNX_TYPE = {
     "float32": "float", "float64": "double", "float16": "float16", "int64": "int64", "int32": "int32",
     "int16": "int16", "int8": "int8", "uint8": "uint8", "uint16": "uint16", "uint32": "uint32",
     "uint64": "uint64", "bool": "bool",
 }  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ModelMetadata:
+    """What the model says about itself (onnxruntime's ModelMetadata)."""
+
+    producer_name: str
+    graph_name: str
+    domain: str
+    description: str
+    graph_description: str
+    version: int
+    custom_metadata_map: dict[str, str]
 
 
 @dataclass(frozen=True)
@@ -53,14 +68,7 @@ def _node_arg(v: Value) -> NodeArg:
     return NodeArg(v.name, shape, f"tensor({_ONNX_TYPE.get(v.dtype or '', v.dtype or 'unknown')})")
 
 
-@dataclass(frozen=True)
-class GraphVariant:
-    """The optimized graph a run uses: `fed` names the overridable initializers the run feeds (inputs
-    here, after the model's own inputs); `inputs` is the graph's inputs, in the order feeds are passed."""
-
-    fed: frozenset[str]
-    graph: Graph
-    inputs: tuple[Value, ...]
+RunnerFactory = Callable[[Dispatcher, "KernelPolicy | None", SessionOptions, Graph], Runner]
 
 
 class InferenceSession:
@@ -70,46 +78,57 @@ class InferenceSession:
         self,
         path_or_bytes: Any,
         sess_options: SessionOptions | None = None,
-        providers: Sequence[str] | None = None,
+        providers: Sequence[Any] | None = None,
+        provider_options: Sequence[Mapping] | None = None,
         *,
         policy: KernelPolicy | str | Mapping | None = None,
-        device: str = "cpu",
+        device: str | None = None,
         dispatcher: Dispatcher | None = None,
+        runner: RunnerFactory | None = None,
     ) -> None:
+        """`providers` as onnxruntime takes them (names or (name, options), best first; see providers.py), or
+        `device` ('cpu', 'cuda[:N]'), which wins when given. `runner` replaces the runner the device would get (a
+        factory; see runners.gpu_runner_factory)."""
+        if sess_options is not None and not isinstance(sess_options, SessionOptions):
+            what = type(sess_options).__name__
+            raise ArgumentError(f"InferenceSession: sess_options expected SessionOptions, got {what}")
         self.options = sess_options or SessionOptions()
-        self.options.graph_optimization_level = GraphOptimizationLevel.parse(self.options.graph_optimization_level)
+        self.options.check()
         self.policy = as_policy(policy)
-        self.device = _check_device(device, providers)
+        device, self._providers = resolve(providers, provider_options, device, self.options.log_severity_level >= 3)
+        self.device = _check_device(device)
         self.dispatcher = dispatcher or default_dispatcher()
+        self._threads = ThreadLimits(self.options.intra_op_num_threads, self.options.inter_op_num_threads)
         model = load_model(path_or_bytes)
         base_dir = os.path.dirname(os.fspath(path_or_bytes)) if isinstance(path_or_bytes, str | os.PathLike) else None
         self.original = import_model(model, base_dir)
+        self._meta = _metadata(model)
         self._ir_version = int(model.ir_version)
         self._overridable = overridable_initializers(model, self.original)
-        level = self.options.graph_optimization_level
-        self.graph, self.pass_summary = optimize(self.original, level, self.dispatcher, self.device)
+        with self._threads():
+            self.graph, self.pass_summary = self._optimize(self.original)
         self._inputs = list(self.original.inputs)
         self._outputs = list(self.original.outputs)
         self._variants = {frozenset(): GraphVariant(frozenset(), self.graph, tuple(self.graph.inputs))}
-        self._fns: dict[int, Any] = {}
-        self._plans: dict[tuple, ExecutionPlan] = {}
         self._lock = threading.Lock()
-        self._profile_events: list[dict] = []
-        self._backend = None
-        if self.device != "cpu":
-            from .gpu import GpuRunner
-
-            self._backend = GpuRunner(self)
+        make = runner or (lambda *args: make_runner(self.device, *args))
+        self.runner: Runner = make(self.dispatcher, self.policy, self.options, self.graph)
         if self.options.optimized_model_filepath:
             from .export import save_graph
 
             save_graph(self.graph, self.options.optimized_model_filepath)
 
+    def _optimize(self, graph: Graph) -> tuple[Graph, list[PassRecord]]:
+        level = self.options.graph_optimization_level
+        return optimize(graph, level, self.dispatcher, self.device, ONNX_SEMANTICS)
+
     # -- onnxruntime API ---------------------------------------------------------------------
     def get_inputs(self) -> list[NodeArg]:
+        """The model's inputs (initializers excluded): name, shape (ints, symbols or None), type."""
         return [_node_arg(v) for v in self._inputs]
 
     def get_outputs(self) -> list[NodeArg]:
+        """The model's outputs: name, shape, type."""
         return [_node_arg(v) for v in self._outputs]
 
     def get_overridable_initializers(self) -> list[NodeArg]:
@@ -117,57 +136,47 @@ class InferenceSession:
         return [_node_arg(v) for v in self._overridable]
 
     def get_providers(self) -> list[str]:
-        return ["CUDAExecutionProvider"] if self.device != "cpu" else ["CPUExecutionProvider"]
+        """The providers in use, best first (the CPU provider always last, as the fallback)."""
+        first = self.runner.provider
+        return [first, *(name for name, _ in self._providers if name != first)]
 
-    def run(self, output_names: Sequence[str] | None, input_feed: Mapping[str, Any], run_options: Any = None) -> list:
+    def get_provider_options(self) -> dict[str, dict[str, str]]:
+        """Each provider's options as given (values as strings, as onnxruntime reports them)."""
+        options = dict(self._providers)
+        return {name: dict(options.get(name, {})) for name in self.get_providers()}
+
+    def get_session_options(self) -> SessionOptions:
+        """The options the session was made with (checked, the optimization level as the enum)."""
+        return self.options
+
+    def get_modelmeta(self) -> ModelMetadata:
+        """What the model says about itself: producer, graph name, domain, description, version, metadata."""
+        return self._meta
+
+    def run(
+        self, output_names: Sequence[str] | None, input_feed: Mapping[str, Any], run_options: RunOptions | None = None
+    ) -> list:
         """Outputs named in `output_names` (all for None), as NumPy arrays (device tensors for device feeds)."""
+        _check_run_options(run_options)
         wanted = self._output_indices(output_names)
-        if self._backend is not None:
-            results = self._backend.run(input_feed)
-        else:
-            variant, feeds = self.variant_feeds(input_feed)
-            plan, first = self._plan_for(variant, feeds)
-            if first is not None:
-                results = first
-            else:
-                start = time.perf_counter_ns()
-                results = plan.run(feeds, self.options.enable_profiling)
-                if self.options.enable_profiling:
-                    self._record_profile(plan, start)
+        with self._threads():
+            results = self.runner.run(self.variant_for(input_feed), input_feed)
         return [results[i] for i in wanted]
 
+    def io_binding(self) -> IOBinding:
+        """An IOBinding: inputs and outputs bound once (device buffers on the GPU), runs without host copies."""
+        return IOBinding(self)
+
+    def run_with_iobinding(self, binding: IOBinding, run_options: RunOptions | None = None) -> None:
+        """Run with the binding's inputs; results land in its bound outputs (see IOBinding)."""
+        _check_run_options(run_options)
+        binding.run(run_options)
+
     # -- planning ----------------------------------------------------------------------------
-    def _policy_scope(self) -> Any:
-        return kernel_policy(self.policy) if self.policy is not None else contextlib.nullcontext()
-
-    def _plan_for(self, variant: GraphVariant, feeds: list[np.ndarray]) -> tuple[ExecutionPlan, list | None]:
-        policy = self.policy or current_policy()
-        key = (policy.fingerprint, variant.fed, *[(a.dtype, a.shape) for a in feeds])
-        plan = self._plans.get(key)
-        if plan is not None:
-            return plan, None
-        with self._lock, self._policy_scope():
-            planner = Planner(variant.graph, self.dispatcher, self._fns, self.options.enable_mem_reuse)
-            plan, outputs = planner.build({v.name: a for v, a in zip(variant.inputs, feeds)})
-            self._plans[key] = plan
-        return plan, outputs
-
     def plan(self, input_feed: Mapping[str, Any]) -> ExecutionPlan:
         """The execution plan for these inputs' signature (made and cached on first use)."""
-        return self._plan_for(*self.variant_feeds(input_feed))[0]
-
-    def check_feed(self, input_feed: Mapping[str, Any]) -> list[np.ndarray]:
-        """Inputs in graph order as contiguous arrays (fed initializers after the model's inputs); errors
-        name the input and what was expected."""
-        return self.variant_feeds(input_feed)[1]
-
-    def variant_feeds(self, input_feed: Mapping[str, Any]) -> tuple[GraphVariant, list[np.ndarray]]:
-        """The graph variant for the names fed, and the feeds checked against it, in its input order."""
-        variant = self.variant_for(input_feed)
-        feeds, symbols = [], {}
-        for v in variant.inputs:
-            feeds.append(_check_input(v, input_feed[v.name], symbols))
-        return variant, feeds
+        with self._threads():
+            return self.runner.plan(self.variant_for(input_feed), input_feed)
 
     def variant_for(self, input_feed: Mapping[str, Any]) -> GraphVariant:
         """Check the names fed (unknown, missing, constant initializers) and pick the graph variant."""
@@ -210,8 +219,7 @@ class InferenceSession:
         for v in fed:
             del graph.initializers[v.name]
         graph.inputs = [*graph.inputs, *fed]
-        level = self.options.graph_optimization_level
-        optimized, _ = optimize(graph, level, self.dispatcher, self.device)
+        optimized, _ = self._optimize(graph)
         return GraphVariant(frozenset(v.name for v in fed), optimized, tuple(optimized.inputs))
 
     def _output_indices(self, output_names: Sequence[str] | None) -> list[int]:
@@ -235,56 +243,48 @@ class InferenceSession:
         lines += [
             f"  pass {r.name:<22} nodes {r.before:>4} -> {r.after:<4} ({r.changes} changes)" for r in self.pass_summary
         ]
-        if self._backend is not None:
-            if input_feed is not None:
-                self.run(None, input_feed)
-            entries = list(self._backend.entries.values())
-            plan = entries[-1].plan if entries else None
-            if entries:
-                lines.append(f"  {entries[-1].note}")
-        else:
-            plan = self.plan(input_feed) if input_feed is not None else next(reversed(self._plans.values()), None)
+        plan = self.plan(input_feed) if input_feed is not None else self.runner.last_plan()
+        if self.runner.status():
+            lines.append(f"  {self.runner.status()}")
         if plan is None:
             lines.append("  (no plan yet: run the model or pass input_feed)")
             return "\n".join(lines)
         lines.append(f"  plan: {len(plan.steps)} steps, {plan.folded} nodes folded for this signature, "
                      f"{plan.reused_buffers} buffers reused")  # fmt: skip
+        said: set[str] = set()  # a candidate's verdict is printed once, at the first step it applies to
         for step in plan.steps:
             lines.append(f"  {step.node.name:<32} {step.node.op:<20} -> {step.describe()}")
             if verbose and step.plan is not None:
-                lines += [f"      {line}" for line in _candidates(step.plan)]
+                verdicts = _candidates(step.plan)
+                lines += [f"      {line}" for line in verdicts if line not in said]
+                repeated = sum(line in said for line in verdicts)
+                if repeated:
+                    lines.append(f"      ({repeated} other candidate(s): as for an earlier step)")
+                said.update(verdicts)
         return "\n".join(lines)
 
     def plan_summary(self) -> dict[str, int]:
         """Steps per kernel (or 'numpy op map') over all plans made so far."""
         counts: dict[str, int] = {}
-        plans = self._backend.plans() if self._backend is not None else self._plans.values()
-        for plan in plans:
+        for plan in self.runner.plans():
             for step in plan.steps:
                 key = step.describe().split(" (")[0]
                 counts[key] = counts.get(key, 0) + 1
         return counts
 
     # -- profiling ---------------------------------------------------------------------------
-    def _record_profile(self, plan: ExecutionPlan, start: int) -> None:
-        t = start / 1000.0
-        for name, us in plan.profile:
-            self._profile_events.append({"name": name, "ph": "X", "ts": t, "dur": us, "pid": 0, "tid": 0})
-            t += us
-        plan.profile.clear()
-
     def end_profiling(self) -> str:
         """Write the recorded node times as a Chrome trace; returns the file name ('' if not profiling)."""
         if not self.options.enable_profiling:
             return ""
         path = f"{self.options.profile_file_prefix}_{time.strftime('%Y%m%d_%H%M%S')}.json"
         with open(path, "w") as f:
-            json.dump({"traceEvents": self._profile_events}, f)
-        self._profile_events = []
+            json.dump({"traceEvents": self.runner.take_profile()}, f)
         return path
 
     @property
     def pass_records(self) -> list[PassRecord]:
+        """What each graph pass did: nodes before and after, and its number of changes."""
         return list(self.pass_summary)
 
 
@@ -302,45 +302,22 @@ def _candidates(plan: Any) -> list[str]:
     return lines
 
 
-def _check_device(device: str, providers: Sequence[str] | None) -> str:
-    if providers and any("CUDA" in p for p in providers) and device == "cpu":
-        device = "cuda"
+def _check_device(device: str) -> str:
     if not isinstance(device, str) or not (device == "cpu" or device.startswith("cuda")):
         raise ArgumentError(f"InferenceSession: argument 'device' expected 'cpu' or 'cuda[:N]', got {device!r}")
     return device
 
 
-def _check_input(v: Value, value: Any, symbols: dict[str, tuple[str, int]]) -> np.ndarray:
-    try:
-        array = np.asarray(value)
-        if not array.flags.c_contiguous:
-            array = np.ascontiguousarray(array)
-    except Exception as exc:
-        raise InputFeedError(f"run: input '{v.name}' cannot be converted to an array: {exc}") from None
-    if v.dtype is not None and array.dtype.name != v.dtype:
-        raise DTypeError(f"run: input '{v.name}' expected dtype {v.dtype}, got {array.dtype.name}")
-    check_shape(v, array.shape, symbols)
-    return array
+def _check_run_options(run_options: Any) -> None:
+    if run_options is not None and not isinstance(run_options, RunOptions):
+        raise ArgumentError(f"run: run_options expected RunOptions or None, got {type(run_options).__name__}")
+    if run_options is not None and run_options.terminate:
+        raise RunTerminatedError("run: refused, RunOptions.terminate is set")
 
 
-def check_shape(v: Value, shape: tuple[int, ...], symbols: dict[str, tuple[str, int]]) -> None:
-    """Rank, fixed dims and symbolic dims shared between inputs; errors name the input and the dim."""
-    if v.shape is None:
-        return
-    if len(shape) != len(v.shape):
-        raise ShapeError(
-            f"run: input '{v.name}' expected rank {len(v.shape)} (shape {list(v.shape)}), got shape {list(shape)}"
-        )
-    for axis, (want, got) in enumerate(zip(v.shape, shape)):
-        if isinstance(want, int) and want != got:
-            raise ShapeError(
-                f"run: input '{v.name}' expected size {want} on dim {axis} (shape {list(v.shape)}), "
-                f"got shape {list(shape)}"
-            )
-        if isinstance(want, str):
-            seen = symbols.setdefault(want, (v.name, got))
-            if seen[1] != got:
-                raise ShapeError(
-                    f"run: input '{v.name}' dim {axis} ('{want}') is {got}, "
-                    f"but input '{seen[0]}' has '{want}' = {seen[1]}"
-                )
+def _metadata(model: Any) -> ModelMetadata:
+    return ModelMetadata(
+        producer_name=model.producer_name, graph_name=model.graph.name, domain=model.domain,
+        description=model.doc_string, graph_description=model.graph.doc_string, version=int(model.model_version),
+        custom_metadata_map={p.key: p.value for p in model.metadata_props},
+    )  # fmt: skip

@@ -16,6 +16,7 @@ The modules form layers, each importing only those below it (tests/pytorch/test_
     patching                                                         the public API (patching: patch(model))
     install      the aten registrations the policies need
     compiled     inductor's graph passes (matrix products; the routing guard)
+    inductor_pass  the pass object in inductor's config (imported once inductor is loaded)
     routes       the aten overrides, one file per op family
     tracing      decisions while a graph is traced; the routing guard; calls a policy cannot take
     custom_ops   the torch.library ops and their bodies, one file per op family (over custom_ops.eager, how

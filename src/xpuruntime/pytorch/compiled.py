@@ -10,10 +10,11 @@
   (`tracing.guard_routing`), also frames whose trace met no routed op: a graph compiled without a policy
   recompiles once a policy steers its ops, instead of running PyTorch's kernels silently.
 
-Both chain with a pass the user had set, and their `uuid()` carries the routing, so inductor's caches never
-serve a graph compiled under another routing. Importing torch._inductor costs seconds, so the passes are put
-in place when inductor's config is first imported (a post-import hook) or already loaded, and checked again
-at every policy change (a pass set over ours afterwards is chained again).
+Both chain with a pass the user had set (`inductor_pass.ChainedPass`: importable by name, so inductor can
+pickle its config into its FX graph cache's key), and their `uuid()` carries the routing, so inductor's
+caches never serve a graph compiled under another routing. Importing torch._inductor costs seconds, so the
+passes are put in place when inductor's config is first imported (a post-import hook) or already loaded, and
+checked again at every policy change (a pass set over ours afterwards is chained again).
 
 Under the `aot_eager` backend no inductor pass runs: the norm and attention routes still emit our ops while
 tracing (and guard the frame); the graph's matrix products run aten's ops eagerly, which the backend-key
@@ -27,7 +28,6 @@ import importlib.abc
 import importlib.machinery
 import sys
 import threading
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -35,10 +35,9 @@ import torch
 from ..abi import TensorSpec
 from ..policy import current_policy
 from .router import routed_ops
-from .tracing import guard_routing, in_graph, routing_token
+from .tracing import guard_routing, in_graph
 
 _CONFIG = "torch._inductor.config"
-_VERSION = "xpuruntime-graph-pass-1"  # part of the passes' uuid: a change in what they do invalidates caches
 _lock = threading.Lock()
 
 
@@ -98,27 +97,6 @@ def replace_products(graph: torch.fx.Graph) -> int:
     return replaced
 
 
-def _pass_type() -> type:
-    from torch._inductor.custom_graph_pass import CustomGraphPass
-
-    class ChainedPass(CustomGraphPass):
-        """Ours, then the pass that was set before (if any); the uuid names both and the routing."""
-
-        def __init__(self, ours: Callable[[torch.fx.Graph], Any], name: str, chained: Any) -> None:
-            self.ours, self.name, self.chained = ours, name, chained
-
-        def __call__(self, graph: torch.fx.Graph) -> None:
-            self.ours(graph)
-            if self.chained is not None:
-                self.chained(graph)
-
-        def uuid(self) -> Any:
-            chained = None if self.chained is None else getattr(self.chained, "uuid", lambda: None)()
-            return (_VERSION, self.name, routing_token(), chained)
-
-    return ChainedPass
-
-
 def _guard_frame(graph: torch.fx.Graph) -> None:
     guard_routing()
 
@@ -128,16 +106,17 @@ def install_passes() -> None:
     config = sys.modules.get(_CONFIG)
     if config is None:
         return
+    from .inductor_pass import ChainedPass
+
     with _lock:
-        chained_pass = _pass_type()
         for slot, ours, name in (
             ("post_grad_custom_pre_pass", replace_products, "products"),
             ("pre_grad_custom_pass", _guard_frame, "guard"),
         ):
             current = getattr(config, slot, None)
-            if isinstance(current, chained_pass) or type(current).__name__ == "ChainedPass":
+            if isinstance(current, ChainedPass):
                 continue
-            setattr(config, slot, chained_pass(ours, name, current))
+            setattr(config, slot, ChainedPass(ours, name, current))
         if getattr(config, "pre_grad_pass_timing", "early") == "default":
             # pre-grad passes with a uuid would run after inductor's cache lookup ("late"), so a graph served
             # from the cache would get no routing guard: run them before it, as PyTorch did until 2.12

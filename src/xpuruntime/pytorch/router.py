@@ -175,13 +175,17 @@ def dispatch(
     """Run `op` through the dispatcher under `policy` (None: the one in force); None means 'let PyTorch
     run it' (see the module docstring). warn=False: the caller has another route to try, whose own
     fallback warns. routed=False: a compiled graph's call, which costs none of a route's host time (autotune
-    weighs the routing cost for routed calls only, see `tuner.routed_view`)."""
+    weighs the routing cost for routed calls only, see `tuner.routed_view`) and keeps no workspace past
+    its return (`WorkspaceManager.per_call`: inductor's CUDA graph pools must hold the graph's tensors only)."""
     run = _router.run or get_dispatcher().run
     if STATE.tuner.families:
         tuner.note_call(op)
     policy = policy or current_policy()
     try:
-        return run(op, inputs, attrs, None, tuner.routed_view(policy) if routed else policy)
+        if routed:
+            return run(op, inputs, attrs, None, tuner.routed_view(policy))
+        with get_dispatcher().workspaces.per_call():  # a graph's scratch lives for the call only (CUDA graph pools)
+            return run(op, inputs, attrs, None, policy)
     except NOT_OURS:
         return None
     except UnsupportedByPolicyError:

@@ -3,6 +3,11 @@
 One buffer per (thread, device, stream) is kept and grown on demand, so concurrent dispatches never share
 scratch memory and a steady workload allocates nothing after warm-up. Buffers and views are per thread and
 need no lock; the statistics are shared by every thread and change only under the manager's lock.
+
+Inside `per_call()` a lend is instead a fresh buffer that nothing here keeps: it lives as long as the launch
+holds it. Calls from torch.compile'd graphs lend this way, because inductor's CUDA graphs
+(`mode="reduce-overhead"`) record each graph into a memory pool that must hold nothing but the graph's own
+tensors once the graph returns; a cached buffer grown while recording would stay in that pool.
 """
 
 from __future__ import annotations
@@ -25,10 +30,13 @@ class WorkspaceManager:
 
     def lend(self, nbytes: int, device: str, empty: Callable[..., Any], stream: Any = None) -> Any:
         """A uint8 buffer of exactly `nbytes` on `device` for use on `stream` (a view of this thread's
-        cached buffer for that stream: work queued on one stream never shares scratch with another).
+        cached buffer for that stream: work queued on one stream never shares scratch with another;
+        inside `per_call()`, a fresh buffer).
 
         Hot path: the view itself is cached per (stream, device, size), keyed by the stream's id, which
         stays unique while the cache holds the stream (torch.cuda.Stream hashes in Python, slowly)."""
+        if getattr(self._local, "per_call", 0):
+            return empty((nbytes,), "uint8", device, stream)
         views = getattr(self._local, "views", None)
         if views is None:
             views = self._local.views = {}
@@ -38,6 +46,11 @@ class WorkspaceManager:
                 views.clear()
             entry = views[(id(stream), device, nbytes)] = (stream, self._slice(nbytes, device, empty, stream))
         return entry[1]
+
+    def per_call(self) -> PerCall:
+        """A context in which this thread's lends are fresh buffers, kept by nothing here (see the module
+        docstring); nests."""
+        return PerCall(self._local)
 
     def _slice(self, nbytes: int, device: str, empty: Callable[..., Any], stream: Any) -> Any:
         """The first `nbytes` of this thread's buffer for (device, stream), grown if too small (which
@@ -61,3 +74,18 @@ class WorkspaceManager:
         with self._stats_lock:
             if nbytes > self.peak_bytes:
                 self.peak_bytes = nbytes
+
+
+class PerCall:
+    """The context `WorkspaceManager.per_call()` returns (a class: cheaper to enter than a generator)."""
+
+    __slots__ = ("_local",)
+
+    def __init__(self, local: threading.local) -> None:
+        self._local = local
+
+    def __enter__(self) -> None:
+        self._local.per_call = getattr(self._local, "per_call", 0) + 1
+
+    def __exit__(self, *exc: object) -> None:
+        self._local.per_call -= 1

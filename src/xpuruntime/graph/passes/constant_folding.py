@@ -1,8 +1,11 @@
 """Constant folding: nodes whose inputs are all constants become constants, and so do Shape nodes
-(and Gathers from them) over dims that shape inference knows. Large results are not folded."""
+(and Gathers from them) over dims that shape inference knows, and CastLike(constant, x) for x of a known dtype
+(the dynamo exporter's zero bias of a bias-free Conv reads the input's dtype that way). Large results are not
+folded."""
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -15,20 +18,23 @@ if TYPE_CHECKING:
 MAX_FOLDED_ELEMENTS = 1 << 20
 
 
-def _evaluate(graph: Graph, node: Node) -> list[np.ndarray] | None:
-    from ...onnx.opmap import OPS
+def _too_large(graph: Graph, node: Node) -> bool:
+    """Whether shape inference says an output has more elements than folding keeps (checked before computing)."""
+    for name in node.outputs:
+        shape = graph.value(name).shape if name else None
+        if shape is not None and all(isinstance(d, int) for d in shape) and math.prod(shape) > MAX_FOLDED_ELEMENTS:
+            return True
+    return False
 
-    builder = OPS.get(node.op)
-    if builder is None or node.domain:
+
+def _evaluate(graph: Graph, node: Node, ctx: PassContext) -> list[np.ndarray] | None:
+    if _too_large(graph, node):
         return None
     args = [graph.constant(n) if n else None for n in node.inputs]
-    try:
-        with np.errstate(all="ignore"):
-            result = builder(node, graph.opset)(*args)
-    except Exception:  # leave it to run time, where the error names the node
+    # None: too large to fold (the semantics estimate the outputs before computing), or left to run time
+    arrays = ctx.semantics.evaluate(node, args, graph.opset, MAX_FOLDED_ELEMENTS)
+    if arrays is None:
         return None
-    results = list(result) if isinstance(result, tuple | list) else [result]
-    arrays = [np.array(r) for r in results[: len(node.outputs)]]  # owned, writable copies
     return arrays if all(a.size <= MAX_FOLDED_ELEMENTS for a in arrays) else None
 
 
@@ -72,13 +78,16 @@ def run(graph: Graph, ctx: PassContext) -> int:
             kept.append(node)
             continue
         if all(not n or graph.constant(n) is not None for n in node.inputs):
-            results = _evaluate(graph, node)
+            results = _evaluate(graph, node, ctx)
         elif node.op == "Shape":
             shape = _known_shape(graph, node)
             results = None if shape is None else [shape]
         elif node.op == "Gather":
             picked = _gather_of_shape(graph, node, producers)
             results = None if picked is None else [picked]
+        elif node.op == "CastLike" and graph.constant(node.inputs[0]) is not None:
+            dtype = graph.value(node.inputs[1]).dtype
+            results = None if dtype is None else [graph.constant(node.inputs[0]).astype(dtype)]
         else:
             results = None
         if results is None or len(results) != len([o for o in node.outputs if o]):

@@ -17,6 +17,8 @@ MAX_CONSTANT_BYTES = 4096
 
 
 def _freeze(value: Any) -> Any:
+    if isinstance(value, Graph):  # a subgraph: one only equals itself
+        return ("graph", id(value))
     if isinstance(value, np.ndarray):
         return ("array", value.dtype.str, value.shape, value.tobytes())
     if isinstance(value, list | tuple):

@@ -65,22 +65,31 @@ def _inline(graph: Graph, name: str, out_rank: int | None) -> float | None:
     return float(array.reshape(-1)[0])
 
 
-def _grow(graph: Graph, sink: Node, dtype: str, producers: dict, consumers: dict, taken: set) -> list[Node]:
+def _grow(
+    graph: Graph, sink: Node, dtype: str, producers: dict, consumers: dict, taken: set, order: dict
+) -> list[Node]:
+    """The group that ends at `sink`, grown backwards (linear in its size: the group's external inputs are
+    kept up to date as nodes join, never recounted)."""
     group, members = [sink], {id(sink)}
+    outputs = graph.output_names()
+    externals = dict.fromkeys(n for n in sink.inputs if _inline(graph, n, None) is None)  # ordered set
     frontier = list(sink.inputs)
     while frontier:
         name = frontier.pop()
         node = producers.get(name)
         if node is None or id(node) in members or id(node) in taken or _fusible(graph, node) != dtype:
             continue
-        if name in graph.output_names() or any(id(u) not in members for u in consumers.get(name, [])):
+        if name in outputs or any(id(u) not in members for u in consumers.get(name, [])):
             continue
-        if len(_external_inputs(graph, [*group, node])) > MAX_INPUTS:
+        joined = dict(externals)
+        joined.pop(name, None)
+        joined.update((n, None) for n in node.inputs if n not in joined and _inline(graph, n, None) is None)
+        if len(joined) > MAX_INPUTS:
             continue
+        externals = joined
         group.append(node)
         members.add(id(node))
         frontier.extend(node.inputs)
-    order = {id(n): i for i, n in enumerate(graph.nodes)}
     return sorted(group, key=lambda n: order[id(n)])
 
 
@@ -115,6 +124,8 @@ def run(graph: Graph, ctx: PassContext) -> int:
     if not ctx.has_op("fused_elementwise"):
         return 0
     producers, consumers = graph.producers(), graph.consumers()
+    order = {id(n): i for i, n in enumerate(graph.nodes)}
+    names = graph.taken_names()
     taken: set[int] = set()
     replacements: dict[int, Node] = {}
     fused = 0
@@ -122,7 +133,7 @@ def run(graph: Graph, ctx: PassContext) -> int:
         dtype = _fusible(graph, sink)
         if dtype is None or id(sink) in taken:
             continue
-        group = _grow(graph, sink, dtype, producers, consumers, taken)
+        group = _grow(graph, sink, dtype, producers, consumers, taken, order)
         out_shape = graph.value(sink.outputs[0]).shape
         out_rank = None if out_shape is None else len(out_shape)
         program, inputs = _program(graph, group, out_rank)
@@ -130,7 +141,7 @@ def run(graph: Graph, ctx: PassContext) -> int:
             continue
         taken.update(id(n) for n in group)
         node = Node("fused_elementwise", inputs, [sink.outputs[0]], {"program": program, "dtype": dtype},
-                    graph.fresh_name("Fused"), "xrt")  # fmt: skip
+                    graph.fresh_name("Fused", names), "xrt")  # fmt: skip
         replacements[id(sink)] = node
         fused += 1
     graph.nodes = [replacements.get(id(n), n) for n in graph.nodes if id(n) not in taken or id(n) in replacements]

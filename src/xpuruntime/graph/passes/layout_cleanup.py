@@ -1,6 +1,7 @@
 """Removal of needless data movement: Identity nodes, Casts to the same dtype, Reshapes to the shape a
 value already has, Reshape chains, Transpose pairs that cancel or compose, Unsqueeze+Squeeze pairs,
-and the Reshape(to 2-D) -> MatMul -> Reshape(back) sandwich exporters put around matmuls."""
+and the Reshape(to 2-D) -> MatMul or Gemm -> Reshape(back) sandwich exporters put around matmuls (a Gemm's becomes
+MatMul + Add, which the linear fusion and MatMul packing then see as any other)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..ir import Graph, Node
+from ..ir import Graph, Node, Value
 from .util import int_list, only_consumer, remove, replace_uses
 
 if TYPE_CHECKING:
@@ -70,31 +71,29 @@ def _merge_pair(graph: Graph, node: Node, consumers: dict) -> bool:
     return False
 
 
-def _matmul_sandwich(graph: Graph, node: Node, consumers: dict, producers: dict) -> bool:
-    """Reshape(x: [..., K] -> [M, K]) -> MatMul(W: [K, N]) -> Reshape(-> [..., N]): MatMul(x, W)."""
-    if node.op != "MatMul":
-        return False
+def _sandwich(graph: Graph, node: Node, consumers: dict, producers: dict, k: int, n: int) -> tuple | None:
+    """(first, last) when `node` sits between Reshape(x: [..., K] -> [M, K]) and Reshape(-> [..., N])."""
     first = producers.get(node.inputs[0])
-    weight = graph.constant(node.inputs[1])
     last = only_consumer(graph, consumers, node.outputs[0])
-    if (
-        first is None
-        or first.op != "Reshape"
-        or weight is None
-        or weight.ndim != 2
-        or last is None
-        or last.op != "Reshape"
-    ):
-        return False
+    if first is None or first.op != "Reshape" or last is None or last.op != "Reshape":
+        return None
     x_shape, out_shape = graph.value(first.inputs[0]).shape, graph.value(last.outputs[0]).shape
     if x_shape is None or out_shape is None or len(x_shape) != len(out_shape) or len(x_shape) < 2:
-        return False
+        return None
     if not (_same_shape(x_shape[:-1], out_shape[:-1]) or (x_shape[:-1] == out_shape[:-1] and None not in x_shape)):
+        return None
+    if x_shape[-1] != k or out_shape[-1] != n or len(consumers.get(first.outputs[0], [])) != 1:
+        return None
+    return first, last
+
+
+def _matmul_sandwich(graph: Graph, node: Node, consumers: dict, producers: dict) -> bool:
+    """Reshape(x: [..., K] -> [M, K]) -> MatMul(W: [K, N]) -> Reshape(-> [..., N]): MatMul(x, W)."""
+    weight = graph.constant(node.inputs[1]) if node.op == "MatMul" else None
+    found = None if weight is None or weight.ndim != 2 else _sandwich(graph, node, consumers, producers, *weight.shape)
+    if found is None:
         return False
-    if x_shape[-1] != weight.shape[0] or out_shape[-1] != weight.shape[1]:
-        return False
-    if len(consumers.get(first.outputs[0], [])) != 1:
-        return False
+    first, last = found
     node.inputs[0] = first.inputs[0]
     node.outputs[0], last.outputs[0] = last.outputs[0], node.outputs[0]
     last.op, last.inputs, last.attrs = "Identity", [node.outputs[0]], {}
@@ -102,10 +101,39 @@ def _matmul_sandwich(graph: Graph, node: Node, consumers: dict, producers: dict)
     return True
 
 
+def _gemm_sandwich(graph: Graph, node: Node, consumers: dict, producers: dict) -> bool:
+    """Reshape(x -> [M, K]) -> Gemm(W, b) -> Reshape(-> [..., N]) (GPT-2's Conv1D): MatMul(x, W) + b."""
+    at = node.attrs
+    if node.op != "Gemm" or at.get("alpha", 1.0) != 1.0 or at.get("beta", 1.0) != 1.0 or at.get("transA", 0):
+        return False
+    weight = graph.constant(node.inputs[1])
+    bias = graph.constant(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] else None
+    if weight is None or weight.ndim != 2:
+        return False
+    weight = weight.T if at.get("transB", 0) else weight
+    if bias is not None and (bias.size != weight.shape[1] or bias.shape[-1:] != weight.shape[1:] or bias.ndim > 2):
+        return False
+    found = _sandwich(graph, node, consumers, producers, *weight.shape)
+    if found is None:
+        return False
+    first, last = found
+    w = graph.add_constant("gemm_weight", np.ascontiguousarray(weight)) if at.get("transB", 0) else node.inputs[1]
+    product = last.outputs[0] if bias is None else graph.fresh_name("gemm_product")
+    node.op, node.inputs, node.outputs, node.attrs = "MatMul", [first.inputs[0], w], [product], {}
+    if bias is None:
+        remove(graph, [last])
+    else:
+        b = graph.add_constant("gemm_bias", np.ascontiguousarray(bias.reshape(-1)))
+        last.op, last.inputs, last.attrs = "Add", [product, b], {}
+        typed = graph.value(last.outputs[0])
+        graph.set_value(Value(product, typed.dtype, typed.shape))
+    return True
+
+
 def _merged(graph: Graph, node: Node, consumers: dict, producers: dict) -> bool:
     if node.op in ("Reshape", "Transpose", "Unsqueeze") and _merge_pair(graph, node, consumers):
         return True
-    return _matmul_sandwich(graph, node, consumers, producers)
+    return _matmul_sandwich(graph, node, consumers, producers) or _gemm_sandwich(graph, node, consumers, producers)
 
 
 def run(graph: Graph, ctx: PassContext) -> int:

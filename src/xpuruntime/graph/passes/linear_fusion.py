@@ -1,5 +1,7 @@
-"""Linear fusion: MatMul(x, W) + b [-> Relu] and Gemm(x, W, b) with a constant weight become one call
-of the `linear` op (y = act(x W^T + b)); W^T is stored once as a new constant.
+"""Linear fusion: MatMul(x, W) + b and Gemm(x, W, b) with a constant weight, followed by Relu or a tanh-form Gelu
+or by nothing, become one call of the `linear` op (y = act(x W^T + b)); W^T is stored once as a new constant.
+(The `linear` op's "gelu" is the tanh approximation, cuBLASLt's GELU epilogue: an erf-form Gelu stays a node of
+its own after the linear.)
 
 Only for GPU graphs: there the cuBLASLt epilogue does the bias (and activation) in the GEMM. On the CPU,
 MatMul writing straight into its buffer plus the bias folded into the next elementwise kernel measured
@@ -60,6 +62,15 @@ def _from_gemm(graph: Graph, gemm: Node) -> tuple | None:
     return gemm.inputs[0], weight, bias, gemm, [gemm]
 
 
+def _activation(node: Node) -> str | None:
+    """The `linear` op's name for the activation node computes (None: it cannot be an epilogue)."""
+    if node.op == "Relu":
+        return "relu"
+    if node.op == "Gelu" and node.attrs.get("approximate", "none") == "tanh":
+        return "gelu"
+    return None
+
+
 def run(graph: Graph, ctx: PassContext) -> int:
     if not ctx.has_op("linear") or ctx.device == "cpu":
         return 0
@@ -72,8 +83,8 @@ def run(graph: Graph, ctx: PassContext) -> int:
         x, weight, bias, last, matched = found
         activation = None
         act = only_consumer(graph, consumers, last.outputs[0])
-        if act is not None and act.op == "Relu":
-            activation, last, matched = "relu", act, [*matched, act]
+        if act is not None and not act.domain and _activation(act) is not None:
+            activation, last, matched = _activation(act), act, [*matched, act]
         inputs = [x, graph.add_constant("linear_weight", weight)]
         inputs.append(graph.add_constant("linear_bias", bias) if bias is not None else "")
         fused = Node("linear", inputs, [last.outputs[0]], {"activation": activation}, graph.fresh_name("Linear"), "xrt")

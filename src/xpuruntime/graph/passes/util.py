@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from typing import Any
+
 import numpy as np
 
 from ..ir import Graph, Node
@@ -61,3 +64,15 @@ def int_list(graph: Graph, name: str) -> list[int] | None:
     if array is None or array.dtype.kind not in "iu":
         return None
     return [int(v) for v in np.asarray(array).reshape(-1)]
+
+
+def matches(graph: Graph, ops: tuple[str, ...], match: Callable[..., Any]) -> Iterator[tuple[Node, Any]]:
+    """Each default-domain node of `ops` still in the graph, with what `match(graph, node, producers, consumers)`
+    found for it (skipped when None); producers and consumers are fresh for every node, as the caller rewrites
+    the graph between matches."""
+    for node in [n for n in graph.nodes if n.op in ops and not n.domain]:
+        if node not in graph.nodes:
+            continue
+        found = match(graph, node, graph.producers(), graph.consumers())
+        if found is not None:
+            yield node, found

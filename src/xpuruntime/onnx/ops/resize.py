@@ -1,9 +1,9 @@
-"""Resize (opset 10 to 19) and Upsample (7, 9; 1 through legacy.py) as separable interpolation.
+"""Resize (opset 10 to 19) and Upsample (1, 7, 9) as separable interpolation.
 
 Every mode the session runs is a product of 1-D filters, so a resize is one pass per resized axis: each
 output position along the axis reads `taps` input positions (clamped to the edge, as ONNX pads) with
 weights. The taps are small host arrays worked out from the input shape and the scales, sizes and roi
-(`axis_taps`, cached); NumPy here and PyTorch in gpu.py apply the same taps. With `scales` given, source
+(`axis_taps`, cached); NumPy and PyTorch (the GPU path) apply the same taps. With `scales` given, source
 coordinates follow onnxruntime's float32 formulas (float rounding decides a nearest-neighbour tie). With
 `sizes`, the scale is the exact ratio of the integer lengths and coordinates are worked out from them in
 float64, so a coordinate exactly halfway between two pixels stays exact and nearest_mode decides it (as
@@ -30,9 +30,10 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ArgumentError, ShapeError
-from ..graph.ir import Node
-from .errors import UnsupportedModelError
+from ...errors import ArgumentError, ShapeError
+from ...graph.ir import GraphError, Node
+from ..errors import UnsupportedModelError
+from .record import DeviceCache, Fn, LoadContext, dtype_name, itemsize, op, to_host, torch, torch_dtype
 
 MODES = ("nearest", "linear", "cubic")
 COORDINATES = (
@@ -76,7 +77,7 @@ class AxisTaps:
 def resize_spec(node: Node, opset: int) -> ResizeSpec:
     """The node's ResizeSpec; UnsupportedModelError naming the node and attribute for what is declined."""
     at = node.attrs
-    if node.op == "Upsample" or opset < 11:  # Upsample-1 (bilinear) is renamed by legacy.py
+    if node.op == "Upsample" or opset < 11:  # Upsample-1 (bilinear) is renamed by upsample_7
         mode = _choice(node, "mode", at.get("mode", "nearest"), ("nearest", "linear"))
         return ResizeSpec(mode, "asymmetric", LEGACY, legacy_inputs=True, op=node.op)
     coordinates = COORDINATES if opset < 13 else COORDINATES[:-1]  # tf_half_pixel_for_nn: Resize-11 only
@@ -350,7 +351,7 @@ def saturation(dtype: str) -> tuple[int, int] | None:
 
 # -- NumPy ----------------------------------------------------------------------------------------------------
 def resize(spec: ResizeSpec, x: np.ndarray, *rest: Any) -> np.ndarray:
-    """Resize `x`; `rest` is the node's other inputs (the op map's Resize and Upsample)."""
+    """Resize `x`; `rest` is the node's other inputs."""
     _, taps = axis_taps(spec, taps_key(x.shape, *split_inputs(spec, rest)))
     work = working_dtype(taps, x.dtype.name)
     y = x if work == x.dtype.name else x.astype(work)
@@ -379,3 +380,91 @@ def _to_dtype(y: np.ndarray, dtype: np.dtype) -> np.ndarray:
         return y
     bounds = saturation(dtype.name)
     return (y if bounds is None else np.clip(np.rint(y), *bounds)).astype(dtype)
+
+
+# -- PyTorch (the GPU path) ---------------------------------------------------------------------------------------
+def resize_torch(node: Node, opset: int) -> Fn:
+    spec, cache = resize_spec(node, opset), DeviceCache()
+
+    def run(x: Any, *rest: Any) -> Any:
+        key = taps_key(tuple(x.shape), *(to_host(r) for r in split_inputs(spec, rest)))
+        _, taps = axis_taps(spec, key)
+        moved = cache.get_or_move(
+            key, lambda: (outside_mask(taps, x.dim()), *(a for t in taps for a in (t.index, t.weight))), x.device
+        )
+        mask, *arrays = moved
+        y = x.to(torch_dtype(working_dtype(taps, dtype_name(x))))
+        for tap, index, weight in zip(taps, arrays[::2], arrays[1::2]):
+            y = _interpolate(y, tap.axis, index, weight)
+        if mask is not None:
+            y = torch.where(mask, torch.tensor(spec.extrapolation, dtype=y.dtype, device=y.device), y)
+        if y.dtype == x.dtype:
+            return y
+        bounds = saturation(dtype_name(x))
+        return (y if bounds is None else torch.clamp(torch.round(y), *bounds)).to(x.dtype)
+
+    return run
+
+
+def _interpolate(y: Any, axis: int, index: Any, weight: Any) -> Any:
+    """One axis of a resize: output i is the sum over taps j of y[index[i, j]] * weight[i, j] (one tap
+    and no weights: nearest)."""
+    if weight is None:
+        return y.index_select(axis, index[:, 0])
+    along = (-1,) + (1,) * (y.dim() - axis - 1)
+    weight = weight.to(y.dtype)
+    total = None
+    for j in range(index.shape[1]):
+        term = y.index_select(axis, index[:, j]) * weight[:, j].reshape(along)
+        total = term if total is None else total.add_(term)
+    return total
+
+
+# -- the records ------------------------------------------------------------------------------------------------
+def upsample_7(node: Node, ctx: LoadContext) -> None:
+    """Upsample-7's `scales` attribute, and experimental Upsample-1's height_scale and width_scale on an
+    NCHW input with mode 'bilinear', -> Upsample-9's scales input (mode 'nearest' or 'linear')."""
+    if ctx.graph.opset >= 9:
+        return
+    scales = node.attrs.pop("scales", None)
+    if scales is None:
+        height, width = node.attrs.pop("height_scale", None), node.attrs.pop("width_scale", None)
+        if height is None or width is None:
+            raise GraphError(f"{node.describe()}: Upsample before opset 9 needs 'scales' (or height_scale and "
+                             "width_scale)")  # fmt: skip
+        scales = [1.0, 1.0, height, width]
+    if node.attrs.get("mode") == "bilinear":
+        node.attrs["mode"] = "linear"
+    node.inputs = [node.inputs[0], ctx.graph.add_constant(f"{node.name}_scales", np.array(scales, np.float32))]
+
+
+def check_resize(node: Node, ctx: LoadContext) -> None:
+    resize_spec(node, ctx.graph.opset)
+
+
+def resize_numpy(node: Node, opset: int) -> Fn:
+    spec = resize_spec(node, opset)
+    return lambda x, *rest: resize(spec, x, *rest)
+
+
+def resize_size(node: Node, args: list, opset: int) -> tuple[tuple[int, ...], int]:
+    spec = resize_spec(node, opset)
+    x, *rest = args
+    _, scales, sizes = split_inputs(spec, tuple(rest))
+    return _output_shape(spec, tuple(x.shape), _floats(to_host(scales)), _ints(to_host(sizes))), max(itemsize(x), 4)
+
+
+def _output_shape(spec: ResizeSpec, shape: tuple, scales: tuple | None, sizes: tuple | None) -> tuple:
+    """The output shape alone (no taps: those would be as long as the axes)."""
+    axes = _axes(spec, len(shape))
+    if (scales is None) == (sizes is None) or len(scales or sizes) != len(axes):
+        return shape  # the op's own error says what is wrong
+    out_sizes, _ = _sizes_and_scales(spec, shape, axes, scales, sizes)
+    out = list(shape)
+    for axis, n in zip(axes, out_sizes):
+        out[axis] = n
+    return tuple(out)
+
+
+op("Resize", resize_numpy, resize_torch, shape_inputs=(1, 2, 3), check=check_resize, size=resize_size)
+op("Upsample", resize_numpy, resize_torch, shape_inputs=(1,), upgrade=upsample_7, check=check_resize, size=resize_size)
