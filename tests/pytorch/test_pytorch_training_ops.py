@@ -310,3 +310,18 @@ def test_unused_outputs_get_zero_gradients():
 def test_bad_arguments_raise_errors_naming_them(call, match):
     with pytest.raises(xrt.XpuRuntimeError, match=match):
         call()
+
+
+def test_only_compiled_calls_take_fresh_workspaces(monkeypatch):
+    """A custom op's body lends fresh workspaces (inductor's CUDA graph pools keep none of ours); the same body run
+    eagerly lends them as any eager call does."""
+    from xpuruntime.pytorch.router import get_dispatcher
+
+    workspaces, fresh = get_dispatcher().workspaces, []
+    per_call = workspaces.per_call
+    monkeypatch.setattr(workspaces, "per_call", lambda: fresh.append(1) or per_call())
+    gate, up = torch.randn(3, 8, requires_grad=True), torch.randn(3, 8)
+    xtorch.ops.swiglu(gate, up).sum().backward()
+    assert fresh == []
+    torch.ops.xpuruntime.swiglu(gate.detach(), up, "")
+    assert fresh == [1]

@@ -176,7 +176,8 @@ def dispatch(
     run it' (see the module docstring). warn=False: the caller has another route to try, whose own
     fallback warns. routed=False: a compiled graph's call, which costs none of a route's host time (autotune
     weighs the routing cost for routed calls only, see `tuner.routed_view`) and keeps no workspace past
-    its return (`WorkspaceManager.per_call`: inductor's CUDA graph pools must hold the graph's tensors only)."""
+    its return (`WorkspaceManager.per_call`: inductor's CUDA graph pools must hold the graph's tensors only),
+    unless it is a fused op's body run eagerly (`custom_ops.eager`), which lends workspaces as routed calls do."""
     run = _router.run or get_dispatcher().run
     if STATE.tuner.families:
         tuner.note_call(op)
@@ -184,6 +185,8 @@ def dispatch(
     try:
         if routed:
             return run(op, inputs, attrs, None, tuner.routed_view(policy))
+        if STATE.threads.eager_bodies:  # a fused op run eagerly (custom_ops.eager): no graph pool to keep clean
+            return run(op, inputs, attrs, None, policy)
         with get_dispatcher().workspaces.per_call():  # a graph's scratch lives for the call only (CUDA graph pools)
             return run(op, inputs, attrs, None, policy)
     except NOT_OURS:

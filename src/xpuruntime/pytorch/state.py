@@ -94,6 +94,7 @@ class _ThreadScopes(threading.local):
     def __init__(self) -> None:
         self.multithreading: list[bool] = []  # autograd's multithreading flag as each scope found it
         self.native: list[bool] = []  # per open scope: told to the C++ routes?
+        self.eager_bodies = 0  # fused ops' bodies running eagerly here (custom_ops.eager), not in a compiled graph
 
 
 @dataclass
