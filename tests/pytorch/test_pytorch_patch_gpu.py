@@ -36,8 +36,10 @@ def _model(name: str) -> torch.nn.Module:
         config = transformers.LlamaConfig(vocab_size=32000, hidden_size=512, intermediate_size=1408,
                                           num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=2)  # fmt: skip
         return transformers.LlamaForCausalLM(config).cuda().train()
-    config = transformers.GPT2Config(vocab_size=50257, n_embd=384, n_layer=2, n_head=6, resid_pdrop=0.0,
-                                     embd_pdrop=0.0, attn_pdrop=0.0)  # fmt: skip
+    # c_fc at 4 x 512 tokens x 768 -> 3072 is large enough for cuBLASLt's size condition
+    config = transformers.GPT2Config(
+        vocab_size=50257, n_embd=768, n_layer=2, n_head=12, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0
+    )
     return transformers.GPT2LMHeadModel(config).cuda().train()
 
 
@@ -69,7 +71,7 @@ def test_patched_model_runs_the_gpu_kernels_forward_and_backward(name, mode):
     torch._dynamo.reset()
     model = _model(name)
     reference = copy.deepcopy(model)
-    ids = torch.randint(0, model.config.vocab_size, (4, 256), device="cuda")
+    ids = torch.randint(0, model.config.vocab_size, (4, 512), device="cuda")
     expected = _step(reference, reference, ids)
     xtorch.patch(model, policy=_policy())
     runner = model if mode == "eager" else torch.compile(model, mode=None if mode == "inductor" else mode)
