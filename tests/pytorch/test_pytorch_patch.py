@@ -271,3 +271,16 @@ def test_patch_finds_the_model_inside_a_compile_wrapper():
     assert xtorch.patched(model) is plan
     xtorch.unpatch(wrapped)
     assert _instance_forwards(model) == {}
+
+
+def test_kinds_limits_the_swaps_and_lists_the_rest_as_kept():
+    model, reference = _pair("llama")
+    plan = xtorch.patch(model, kinds=["linear_cross_entropy"], policy=CPU_KERNELS)
+    assert [s.path for s in plan.swapped] == [""] and len(plan.kept) == 9
+    assert all("not asked for" in s.note for s in plan.kept)
+    calls = _logged(lambda: _assert_same(_step(model, _batch("llama")), _step(reference, _batch("llama"))))
+    assert {op for op, _, _ in calls} == {"linear_cross_entropy"}
+    xtorch.unpatch(model)
+    with pytest.raises(xrt.ArgumentError, match="argument 'kinds'"):
+        xtorch.patch(model, kinds=["lce"])
+    assert _instance_forwards(model) == {}

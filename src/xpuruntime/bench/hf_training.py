@@ -21,7 +21,9 @@ and cuBLASLt for GPT-2's c_fc + GELU (bias and GELU in the GEMM's epilogue, the 
 epilogue). The policy in force around the step is `autocast_linear=fused_cast`, the best eager policy for the
 nn.Linear projections that stay PyTorch's (matmul and attention stay PyTorch's: cuBLAS and SDPA's cuDNN kernel
 are the fastest at these shapes, and routing them costs host time). `patched_auto` patches with no policy
-(automatic selection), to show what the selector picks alone.
+(automatic selection), to show what the selector picks alone. `patched_head+compile` patches only the head + loss
+(`kinds=("linear_cross_entropy",)`) before compiling, leaving the norms, the MLP and the rotary embedding to
+inductor, which fuses them with their neighbours (an opaque custom op cannot be fused into).
 
 As bench rows (`xpuruntime bench --only hf_training`), the patched eager and patched + compiled steps are timed
 against eager and compiled PyTorch, alternating step by step.
@@ -75,8 +77,9 @@ class Variant:
     name: str
     policy: str | None = None  # set globally while this variant runs (and while it compiles)
     compile: str | None = None  # None, "default" or "reduce-overhead"
-    patch: bool = False  # xpuruntime.pytorch.patch(model, policy=patch_policy)
+    patch: bool = False  # xpuruntime.pytorch.patch(model, policy=patch_policy, kinds=kinds)
     patch_policy: str | None = None
+    kinds: tuple[str, ...] | None = None  # None: every swap
     liger: bool = False
     model: Any = None
     opt: Any = None
@@ -98,6 +101,13 @@ def default_variants(model: str) -> list[Variant]:
         Variant("patched", policy=EAGER_POLICY, patch=True, patch_policy=PATCH_POLICY),
         Variant("patched_auto", patch=True),
         Variant("patched+compile", patch=True, patch_policy=PATCH_POLICY, compile="default"),
+        Variant(
+            "patched_head+compile",
+            patch=True,
+            patch_policy=PATCH_POLICY,
+            kinds=("linear_cross_entropy",),
+            compile="default",
+        ),
         Variant("autotune", policy="autotune=true"),
         Variant("fused_cast", policy=EAGER_POLICY),
         Variant("reduce-overhead", compile="reduce-overhead"),
@@ -175,7 +185,7 @@ def build(variant: Variant, model_name: str, state: dict, ids: Any, liger: Liger
     if variant.patch:
         import xpuruntime.pytorch as xtorch
 
-        xtorch.patch(model, policy=variant.patch_policy)
+        xtorch.patch(model, policy=variant.patch_policy, kinds=variant.kinds)
     if variant.liger:
         try:
             liger.apply(model)
@@ -261,7 +271,7 @@ def report(variants: list[Variant], model: str) -> dict:
     for v in variants:
         row: dict[str, Any] = {"policy": v.policy, "compile": v.compile, "patch": v.patch, "liger": v.liger}
         if v.patch:
-            row["patch_policy"] = v.patch_policy
+            row["patch_policy"], row["kinds"] = v.patch_policy, v.kinds
         if v.skipped:
             row["skipped"] = v.skipped
         if v.wall_ms:

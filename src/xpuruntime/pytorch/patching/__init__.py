@@ -24,16 +24,16 @@ wrapping the model (DDP, fully_shard, torch.compile); a model wrapped by DDP or 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-from ...errors import UnsupportedModelError
+from ...errors import ArgumentError, UnsupportedModelError, argument_error
 from ...policy import KernelPolicy, as_policy
 from ..router import pin
-from .architectures import plan
+from .architectures import KINDS, plan
 from .binding import Swap
 
-__all__ = ["PatchPlan", "Swap", "patch", "patched", "unpatch"]
+__all__ = ["KINDS", "PatchPlan", "Swap", "patch", "patched", "unpatch"]
 
 RECORD = "_xpuruntime_patch"  # where a patched model keeps its applied plan (the instance's __dict__)
 
@@ -76,19 +76,25 @@ class PatchPlan:
         return "\n".join(lines)
 
 
-def patch(model: Any, policy: KernelPolicy | str | Mapping[str, Any] | None = None, dry_run: bool = False) -> PatchPlan:
+def patch(
+    model: Any, policy: KernelPolicy | str | Mapping[str, Any] | None = None, dry_run: bool = False,
+    kinds: Iterable[str] | None = None,
+) -> PatchPlan:  # fmt: skip
     """Swap the known module patterns of a Hugging Face `model` for xpuruntime's fused ops (module docstring).
 
     Every swap is planned and checked before any is made: an unknown architecture or a module that does not
     have its pattern's structure raises `UnsupportedModelError` and leaves the model untouched. `dry_run=True`
-    returns the plan without changing anything. Returns the plan (applied)."""
+    returns the plan without changing anything. `kinds` limits the swaps to those kinds (of `KINDS`; e.g.
+    `kinds=["linear_cross_entropy"]` under torch.compile, leaving the rest to inductor), the others listed as
+    kept. Returns the plan (applied)."""
     root = _unwrapped(model)
     if not hasattr(root, "named_modules"):
         raise UnsupportedModelError(f"patch: expected a torch.nn.Module, got {type(model).__name__}")
     if RECORD in root.__dict__:
         raise UnsupportedModelError(f"patch: {type(root).__name__} is already patched; call unpatch(model) first")
+    wanted = _kinds(kinds)
     pinned_policy = as_policy(policy)
-    swaps = plan(root, pin(pinned_policy))
+    swaps = [s if s.kind in wanted or s.kept else s.left_out() for s in plan(root, pin(pinned_policy))]
     result = PatchPlan(type(root).__name__, root.config.model_type, pinned_policy, swaps)
     if dry_run:
         return result
@@ -118,6 +124,16 @@ def unpatch(model: Any) -> PatchPlan:
     del root.__dict__[RECORD]
     record.applied = False
     return record
+
+
+def _kinds(kinds: Iterable[str] | None) -> frozenset[str]:
+    if kinds is None:
+        return KINDS
+    wanted = frozenset([kinds] if isinstance(kinds, str) else kinds)
+    unknown = sorted(wanted - KINDS)
+    if unknown:
+        raise argument_error(ArgumentError, "patch", "kinds", f"names among {', '.join(sorted(KINDS))}", unknown)
+    return wanted
 
 
 def patched(model: Any) -> PatchPlan | None:

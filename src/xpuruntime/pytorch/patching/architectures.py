@@ -33,6 +33,8 @@ from .binding import Swap, with_globals, with_inner
 
 LLAMA_LIKE = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2"}
 ARCHITECTURES = (*LLAMA_LIKE, "gpt2", "bert")
+KINDS = frozenset({"rms_norm", "layer_norm", "add_layer_norm", "gated_mlp", "linear+gelu", "rotary_embedding",
+                   "linear_cross_entropy"})  # what a swap fuses (Swap.kind)  # fmt: skip
 
 # activation modules by class name -> (the fused op's activation, what it computes)
 GATE_ACTIVATIONS = {
