@@ -13,8 +13,9 @@ patterns matched no module, so that `patch` never half-patches a model.
                             BertIntermediate (bias + GELU when the GELU is the tanh form), BertForMaskedLM
 
 The residual add + RMSNorm of a Llama decoder layer (add_rms_norm) is not fused: that add sits in the decoder
-layer's own forward, whose gradient checkpointing lives in a wrapper of its class forward in transformers 5.x,
-and rewriting it buys under 1 % of a training step (two passes over a rows x hidden array per layer).
+layer's own forward, whose gradient checkpointing lives in a wrapper of its class forward in transformers 5.x
+(a forward bound on the instance would bypass it), and fusing it saves about one pass over the fp32 residual
+stream forward and two backward per layer, ~0.3 ms of the ~45 ms Llama step (under 1 %).
 """
 
 from __future__ import annotations
