@@ -284,3 +284,20 @@ def test_kinds_limits_the_swaps_and_lists_the_rest_as_kept():
     with pytest.raises(xrt.ArgumentError, match="argument 'kinds'"):
         xtorch.patch(model, kinds=["lce"])
     assert _instance_forwards(model) == {}
+
+
+def test_a_forward_this_version_writes_otherwise_is_kept_with_a_warning(monkeypatch):
+    """An attention whose forward does not call a module-level apply_rotary_pos_emb (as some transformers version
+    might): its modules are kept, listed with the reason, and patch warns once; the rest is patched."""
+    from transformers.models.llama import modeling_llama
+
+    def forward(self, hidden_states, position_embeddings=None, attention_mask=None, **kwargs):
+        return hidden_states, None
+
+    monkeypatch.setattr(modeling_llama.LlamaAttention, "forward", forward)
+    model, _ = _pair("llama")
+    with pytest.warns(UserWarning, match="LlamaAttention modules kept as they are") as caught:
+        plan = xtorch.patch(model, dry_run=True)
+    assert len([w for w in caught if "kept as they are" in str(w.message)]) == 1
+    assert [s.path for s in plan.kept] == ["model.layers.0.self_attn", "model.layers.1.self_attn"]
+    assert len(plan.swapped) == 8

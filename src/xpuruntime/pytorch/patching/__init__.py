@@ -24,6 +24,7 @@ wrapping the model (DDP, fully_shard, torch.compile); a model wrapped by DDP or 
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
@@ -96,6 +97,8 @@ def patch(
     pinned_policy = as_policy(policy)
     swaps = [s if s.kind in wanted or s.kept else s.left_out() for s in plan(root, pin(pinned_policy))]
     result = PatchPlan(type(root).__name__, root.config.model_type, pinned_policy, swaps)
+    for message in dict.fromkeys(s.warning for s in swaps if s.warning):  # once per class and reason
+        warnings.warn(message, UserWarning, stacklevel=2)
     if dry_run:
         return result
     done: list[Swap] = []

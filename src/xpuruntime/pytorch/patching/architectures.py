@@ -4,7 +4,9 @@
 architecture (its `config.model_type`) covers, a fused forward or a reason it is kept. It changes nothing: it
 raises `UnsupportedModelError` for an unknown architecture, for a module that has a known class name but not the
 structure its pattern needs (a transformers version that moved things), and for an architecture whose required
-patterns matched no module, so that `patch` never half-patches a model.
+patterns matched no module, so that `patch` never half-patches a model. Where a swap reuses Hugging Face's own
+forward with one piece replaced (the attention's rotary function, a language model's head + loss) and this
+transformers version writes that forward otherwise, the module is kept, with the reason, and `patch` warns.
 
     Llama, Mistral, Qwen2   *RMSNorm (HF's casting form), *MLP (SwiGLU, or GeGLU for a GELU act), *Attention
                             (q and k rotated in one launch), *ForCausalLM (head + loss fused, labels shifted)
@@ -192,22 +194,29 @@ def _add_norm_output(path: str, module: Any, pinned: Pinned) -> Swap:
 
 
 def _attention(path: str, module: Any, pinned: Pinned) -> Swap:
-    forward = type(module).forward
+    kind, forward = "rotary_embedding", type(module).forward
     inner = inspect.unwrap(forward)
     original = inner.__globals__.get("apply_rotary_pos_emb")
+    if "apply_rotary_pos_emb" not in inner.__code__.co_names or original is None:
+        return _unadapted(path, module, kind, "its forward calls no module-level apply_rotary_pos_emb")
     try:
-        if "apply_rotary_pos_emb" not in inner.__code__.co_names or original is None:
-            raise ValueError("its forward calls no module-level apply_rotary_pos_emb")
         forwards.rotary_signature(original)
     except ValueError as exc:
-        raise UnsupportedModelError(f"patch: {type(module).__name__} at '{path}': {exc}; nothing was patched") from None
+        return _unadapted(path, module, kind, str(exc))
     stand_in = forwards.rotary(original, pinned)
     copied = with_inner(forward, lambda f: with_globals(f, {"apply_rotary_pos_emb": stand_in}))
     if copied is None:
-        raise UnsupportedModelError(f"patch: {type(module).__name__} at '{path}': a decorator of its forward cannot "
-                                    "be copied; nothing was patched")  # fmt: skip
+        return _unadapted(path, module, kind, "a decorator of its forward keeps the function elsewhere than in a cell")
     note = "its forward with apply_rotary_pos_emb: q and k rotated in one launch each way"
-    return Swap(path, module, "rotary_embedding", ("rotary_embedding", "rotary_embedding_backward"), copied, note)
+    return Swap(path, module, kind, ("rotary_embedding", "rotary_embedding_backward"), copied, note)
+
+
+def _unadapted(path: str, module: Any, kind: str, why: str) -> Swap:
+    """A module of a known pattern whose code this transformers version writes otherwise than the versions the
+    swap adapts (a function copied with one piece replaced): kept, with a warning from `patch`."""
+    message = (f"patch: {type(module).__name__} modules kept as they are: {why} (this transformers version differs "
+               "from the ones xpuruntime adapts); the plan lists them")  # fmt: skip
+    return Swap(path, module, kind, (), None, f"kept: {why}", warning=message)
 
 
 _CAUSAL = forwards.Head(hidden=lambda model, h: h, projection=lambda model: model.lm_head, shifted=True)
@@ -223,18 +232,16 @@ def _head(path: str, module: Any, head: forwards.Head, pinned: Pinned) -> Swap:
         _require(path, module, "lm_head", "base_model")
     else:
         _require(path, module, "cls", "base_model")
-    forward = type(module).forward
+    kind, forward = "linear_cross_entropy", type(module).forward
     output_class = _output_class(inspect.unwrap(forward))
     if output_class is None:
-        raise UnsupportedModelError(f"patch: {type(module).__name__}.forward does not name its output class; "
-                                    "nothing was patched")  # fmt: skip
+        return _unadapted(path, module, kind, "its forward's return annotation names no ModelOutput class")
     copied = with_inner(forward, lambda inner: forwards.language_model(inner, head, output_class, pinned))
     if copied is None:
-        raise UnsupportedModelError(f"patch: a decorator of {type(module).__name__}.forward cannot be copied; "
-                                    "nothing was patched")  # fmt: skip
+        return _unadapted(path, module, kind, "a decorator of its forward keeps the function elsewhere than in a cell")
     shift = "labels shifted as HF's ForCausalLMLoss, " if head.shifted else ""
     note = f"with labels in training: head + loss in row chunks ({shift}logits None), else its own forward"
-    return Swap(path, module, "linear_cross_entropy", ("linear_cross_entropy",), copied, note)
+    return Swap(path, module, kind, ("linear_cross_entropy",), copied, note)
 
 
 def _output_class(inner: Callable[..., Any]) -> type | None:

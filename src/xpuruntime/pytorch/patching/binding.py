@@ -33,6 +33,7 @@ class Swap:
     ops: tuple[str, ...]  # the xpuruntime ops its forward calls
     forward: Callable[..., Any] | None  # the function bound as the module's forward; None: kept as it is
     note: str  # what it replaces, or why it is kept
+    warning: str = ""  # for a module kept because this transformers version's code differs: what patch warns
     before: Any = _MISSING  # the instance's own `forward` entry before the swap (_MISSING: none)
 
     @property
