@@ -67,7 +67,7 @@ class EagerFunction(torch.autograd.Function):
     def backward(ctx: Any, *grads: Any) -> tuple:
         if torch.is_grad_enabled():
             raise RuntimeError("xpuruntime's fused ops are differentiable once: create_graph=True is not supported")
-        with eager_origin(), EAGER_BODY:
+        with eager_origin(), torch._C._DisableAutocast(), EAGER_BODY:
             return (None, None, *ctx.glue.backward(ctx, *grads)[:-1])
 
 
