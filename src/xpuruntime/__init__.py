@@ -62,8 +62,8 @@ _EXPORTS = {
 _ERRORS = (
     "XpuRuntimeError", "ArgumentError", "ShapeError", "DTypeError", "LayoutError", "DeviceMismatchError",
     "UnknownNameError", "UnknownOpError", "UnknownKernelError", "RegistrationError", "PolicyError",
-    "NoKernelError", "UnsupportedByPolicyError", "LaunchError", "OutOfMemoryError", "FileError",
-    "KernelFallbackWarning",
+    "NoKernelError", "UnsupportedByPolicyError", "UnsupportedModelError", "LaunchError", "OutOfMemoryError",
+    "FileError", "KernelFallbackWarning",
 )  # fmt: skip
 _EXPORTS.update(dict.fromkeys(_ERRORS, "xpuruntime.errors"))
 

@@ -62,6 +62,11 @@ class UnsupportedByPolicyError(NoKernelError):
     """Strict policy: the preferred kernel cannot run this call."""
 
 
+class UnsupportedModelError(XpuRuntimeError, ValueError):
+    """A model that `xpuruntime.pytorch.patch` cannot patch (an unknown architecture, a module that does not
+    have the structure its architecture's patterns expect) or unpatch; nothing was changed."""
+
+
 class LaunchError(XpuRuntimeError, RuntimeError):
     """A kernel failed while running; the message names op, kernel and launch config."""
 

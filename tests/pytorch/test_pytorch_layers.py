@@ -20,13 +20,25 @@ PREFIX = "xpuruntime.pytorch."
 # top to bottom: a module may import modules of its own layer's lower layers only (the layers of the
 # package docstring; the public API modules share the top layer)
 LAYERS = [
-    {"__init__", "policy", "ops", "graphs", "autocast", "profiling", "allocator"},
+    {"__init__", "policy", "ops", "graphs", "autocast", "profiling", "allocator"}
+    | {"patching", "patching.architectures", "patching.binding", "patching.forwards"},
     {"install"},
     {"compiled"},
     {"inductor_pass"},
     {"routes", "routes.attention", "routes.matmul", "routes.norm"},
     {"tracing"},
-    {"custom_ops", "custom_ops.attention", "custom_ops.matmul", "custom_ops.norm"},
+    {
+        "custom_ops",
+        "custom_ops.attention",
+        "custom_ops.matmul",
+        "custom_ops.norm",
+        "custom_ops.glu",
+        "custom_ops.rotary",
+        "custom_ops.linear",
+        "custom_ops.linear_cross_entropy",
+        "custom_ops.add_norm",
+    },
+    {"custom_ops.eager"},
     {"custom_ops.common"},
     {"router"},
     {"tuner"},
@@ -36,7 +48,7 @@ LAYERS = [
 ]
 LAYER_OF = {name: depth for depth, layer in enumerate(LAYERS) for name in layer}
 # a package's __init__ gathers its own modules: imports from the package to its members are not upward
-SAME_PACKAGE = {("routes", "routes."), ("custom_ops", "custom_ops.")}
+SAME_PACKAGE = {("routes", "routes."), ("custom_ops", "custom_ops."), ("patching", "patching.")}
 
 
 def front_end_modules() -> dict[str, Path]:
@@ -109,6 +121,8 @@ CONSTANT_TABLES = {
     "__init__": {"__all__"},
     "policy": {"__all__"},
     "custom_ops": {"__all__"},
+    "patching": {"__all__"},
+    "patching.architectures": {"GATE_ACTIVATIONS", "LLAMA_LIKE", "REQUIRED"},
 }
 
 

@@ -5,19 +5,22 @@
     # ... the training loop as before: forward and backward follow the policy, also under torch.compile
 
 The policy store is the core's; while the policy names a kernel for an op, that op's aten kernels are
-overridden (see `install`), and nothing is installed otherwise. Every routed op is also a torch.library
+overridden (see `install`), and nothing is installed otherwise. `patch(model)` puts the fused training ops
+into a Hugging Face model (see `patching`). Every routed op is also a torch.library
 custom op (`custom_ops`), which the routes emit into graphs that torch.compile traces (see `tracing` and
 `compiled`).
 
 The modules form layers, each importing only those below it (tests/pytorch/test_pytorch_layers.py checks):
 
-    __init__, policy, ops, graphs, autocast, profiling, allocator   the public API
+    __init__, policy, ops, graphs, autocast, profiling, allocator,
+    patching                                                         the public API (patching: patch(model))
     install      the aten registrations the policies need
     compiled     inductor's graph passes (matrix products; the routing guard)
     inductor_pass  the pass object in inductor's config (imported once inductor is loaded)
     routes       the aten overrides, one file per op family
     tracing      decisions while a graph is traced; the routing guard; calls a policy cannot take
-    custom_ops   the torch.library ops and their bodies, one file per op family (over custom_ops.common)
+    custom_ops   the torch.library ops and their bodies, one file per op family (over custom_ops.eager, how
+                 the fused training ops run eagerly or compiled, and custom_ops.common)
     router       dispatching a routed call; which ops a policy steers; op families against the registry
     tuner        autotune's verdicts on routed calls and its hand-backs to PyTorch
     native       the C++ routes (native_routes.cpp)
@@ -38,6 +41,7 @@ from .autocast import autocast
 from .compiled import watch_inductor
 from .graphs import CUDAGraphWrapper, capture_graph
 from .install import installed_overrides, refresh_overrides
+from .patching import PatchPlan, patch, patched, unpatch
 from .policy import KernelPolicy, clear_kernel_policy, get_kernel_policy, kernel_policy, set_kernel_policy
 from .profiling import profile
 from .tracing import compiled_decisions
@@ -46,6 +50,7 @@ from .tuner import handed_back
 __all__ = [
     "CUDAGraphWrapper",
     "KernelPolicy",
+    "PatchPlan",
     "allocator_stats",
     "autocast",
     "capture_graph",
@@ -56,11 +61,14 @@ __all__ = [
     "installed_overrides",
     "kernel_policy",
     "ops",
+    "patch",
+    "patched",
     "profile",
     "refresh_overrides",
     "reset_allocator",
     "set_allocator",
     "set_kernel_policy",
+    "unpatch",
 ]
 
 refresh_overrides()  # a policy from the environment applies from the start

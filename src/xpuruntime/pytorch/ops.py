@@ -1,11 +1,18 @@
-"""`xtorch.ops.fused_attention` and `xtorch.ops.fused_layernorm`: the custom ops `xpuruntime::attention` and
-`xpuruntime::layer_norm` (see `custom_ops`) with the arguments of F.scaled_dot_product_attention and
-F.layer_norm, checked here so that a wrong call gets a clear `XpuRuntimeError` naming the argument.
+"""`xtorch.ops`: xpuruntime's ops on PyTorch tensors, differentiable and usable under torch.compile.
 
-Each runs forward and backward through the selector (the policy name `torch` means PyTorch's own kernel),
-has fake implementations for tracing and an autograd formula, so `torch.compile(fullgraph=True)` traces
-it without graph breaks. Under autocast, floating inputs other than float64 are cast to the autocast dtype
-first (as PyTorch's autocast does for its lower-precision ops).
+`fused_attention` and `fused_layernorm` are the custom ops `xpuruntime::attention` and `xpuruntime::layer_norm`
+(see `custom_ops`) with the arguments of F.scaled_dot_product_attention and F.layer_norm; under autocast their
+floating inputs other than float64 are cast to the autocast dtype first.
+
+The fused training ops, which `patch(model)` puts into Hugging Face models: `rms_norm` (with Hugging Face's
+casting), `add_rms_norm` / `add_layer_norm` (residual add + norm), `swiglu` / `geglu`, `rotary_embedding`,
+`linear` (bias and activation in the GEMM's epilogue) and `linear_cross_entropy` (a head and its loss without the
+logits in memory). Each follows autocast as the PyTorch code it replaces does (the op's docstring says how).
+
+Every function checks its arguments first, so that a wrong call gets a clear `XpuRuntimeError` naming the
+argument, and runs forward and backward through the selector under the policy in force (the policy name `torch`
+means PyTorch's own kernel), with fake implementations for tracing and an autograd formula, so
+`torch.compile(fullgraph=True)` traces it without graph breaks.
 """
 
 from __future__ import annotations
@@ -19,7 +26,10 @@ import torch
 from torch import Tensor
 
 from ..errors import ArgumentError, ShapeError, argument_error
-from .custom_ops.common import autocast_cast, eager_origin
+from .custom_ops import add_norm, glu, norm, rotary
+from .custom_ops import linear as linear_ops
+from .custom_ops import linear_cross_entropy as lce
+from .custom_ops.common import autocast_cast, check_call, eager_origin
 
 
 def _check_tensor(op: str, name: str, t: object, ndim: int, form: str) -> None:
@@ -80,18 +90,16 @@ def fused_attention(
     return out
 
 
-def _dims(normalized_shape: object) -> list[int]:
+def _dims(normalized_shape: object, op: str = "fused_layernorm") -> list[int]:
     """normalized_shape as F.layer_norm takes it: an int or a sequence of ints (not a string, float or bool)."""
     expected = "an int or a sequence of ints"
     items = [normalized_shape] if not isinstance(normalized_shape, Sequence | torch.Size) else normalized_shape
     if isinstance(normalized_shape, str | bytes) or any(isinstance(n, bool) for n in items):
-        raise argument_error(ArgumentError, "fused_layernorm", "normalized_shape", expected, repr(normalized_shape))
+        raise argument_error(ArgumentError, op, "normalized_shape", expected, repr(normalized_shape))
     try:
         return [operator.index(n) for n in items]
     except TypeError:
-        raise argument_error(
-            ArgumentError, "fused_layernorm", "normalized_shape", expected, repr(normalized_shape)
-        ) from None
+        raise argument_error(ArgumentError, op, "normalized_shape", expected, repr(normalized_shape)) from None
 
 
 def fused_layernorm(
@@ -118,3 +126,92 @@ def fused_layernorm(
     input, weight, bias = autocast_cast(input, weight, bias, device_type=input.device.type)
     with eager_origin():
         return torch.ops.xpuruntime.layer_norm(input, dims, weight, bias, eps)
+
+
+# -- the fused training ops --------------------------------------------------------------------------
+
+
+def _checked(op: str, inputs: tuple, attrs: tuple) -> None:
+    if not torch.compiler.is_compiling():  # the custom ops' fakes check shapes while a graph is traced
+        check_call(op, inputs, attrs)
+
+
+def rms_norm(
+    input: Tensor, normalized_shape: int | Sequence[int], weight: Tensor | None = None, eps: float | None = None,
+    offset: float = 0.0, casting: str = "torch",
+) -> Tensor:  # fmt: skip
+    """F.rms_norm's arguments; `casting="llama"` rounds x_hat to the input dtype before the weight, as Hugging
+    Face's LlamaRMSNorm, `offset=1.0` scales by (1 + weight), as Gemma's. No autocast casting (PyTorch's autocast
+    leaves the operations of those modules alone)."""
+    dims = _dims(normalized_shape, "rms_norm")
+    _checked("rms_norm", (input, weight), (tuple(dims), eps, offset, casting))
+    return norm.rms_norm(input, dims, weight, eps, offset, casting)
+
+
+def add_rms_norm(
+    x: Tensor, residual: Tensor, weight: Tensor | None = None, eps: float | None = None, offset: float = 0.0,
+    casting: str = "torch",
+) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """(rms_norm(h), h) with h = x + residual over the last dimension (h in the dtype x and residual promote to)."""
+    h = x.new_empty(x.shape, dtype=torch.promote_types(x.dtype, residual.dtype)) if isinstance(x, Tensor) else None
+    _checked("add_rms_norm", (x, residual, weight, h), (eps, offset, casting))
+    return add_norm.add_rms_norm(x, residual, weight, eps, offset, casting)
+
+
+def add_layer_norm(
+    x: Tensor, residual: Tensor, weight: Tensor | None = None, bias: Tensor | None = None, eps: float = 1e-5
+) -> tuple[Tensor, Tensor]:
+    """(layer_norm(h), h) with h = x + residual over the last dimension; under CUDA autocast the inputs are cast
+    to float32 first, as PyTorch's autocast runs layer_norm."""
+    h = x.new_empty(x.shape, dtype=torch.promote_types(x.dtype, residual.dtype)) if isinstance(x, Tensor) else None
+    _checked("add_layer_norm", (x, residual, weight, bias, h), (eps,))
+    return add_norm.add_layer_norm(x, residual, weight, bias, eps)
+
+
+def swiglu(gate: Tensor, up: Tensor | None = None) -> Tensor:
+    """silu(gate) * up, as PyTorch computes it in the inputs' dtype; up=None: gate's last dim packs [gate | up]."""
+    _checked("swiglu", (gate, up), ())
+    return glu.swiglu(gate, up)
+
+
+def geglu(gate: Tensor, up: Tensor | None = None, approximate: str = "none") -> Tensor:
+    """gelu(gate, approximate) * up (F.gelu's `approximate`); up=None: gate's last dim packs [gate | up]."""
+    _checked("geglu", (gate, up), (approximate,))
+    return glu.geglu(gate, up, approximate)
+
+
+def rotary_embedding(
+    q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, position_ids: Tensor | None = None, unsqueeze_dim: int = 1,
+    interleaved: bool = False,
+) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """(q_embed, k_embed): Hugging Face's apply_rotary_pos_emb (rotate-half, or GPT-J's interleaved pairs), over
+    the first cos.shape[-1] dims of each head; with position_ids, cos and sin are (positions, dims) tables. cos
+    and sin get no gradient. Results have q's dtype."""
+    _checked("rotary_embedding", (q, k, cos, sin, position_ids), (unsqueeze_dim, interleaved))
+    for name, t in (("cos", cos), ("sin", sin)):
+        if t.requires_grad and torch.is_grad_enabled():
+            raise argument_error(ArgumentError, "rotary_embedding", name, "a tensor that does not require grad "
+                                 "(the op gives cos and sin no gradient)", "one that requires grad")  # fmt: skip
+    return rotary.rotary_embedding(q, k, cos, sin, position_ids, unsqueeze_dim, interleaved)
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, activation: str | None = None) -> Tensor:
+    """act(x @ weight.T + bias), the bias and activation ("relu", or "gelu": the tanh approximation) fused into
+    the GEMM where a kernel can; under autocast the inputs are cast to its dtype first, as F.linear's are."""
+    cast = autocast_cast(x, weight, bias, device_type=x.device.type) if isinstance(x, Tensor) else (x, weight, bias)
+    _checked("linear", cast, (activation,))
+    return linear_ops.linear(x, weight, bias, activation)
+
+
+def linear_cross_entropy(
+    hidden: Tensor, weight: Tensor, target: Tensor, bias: Tensor | None = None, ignore_index: int = -100,
+    label_smoothing: float = 0.0, reduction: str = "mean", z_loss_scale: float = 0.0,
+) -> Tensor:  # fmt: skip
+    """F.cross_entropy(F.linear(hidden, weight, bias).float(), target, ...) (+ PaLM's z-loss), computed over row
+    chunks without the (rows x vocab) logits in memory; hidden (..., H), weight (V, H), target (...). Under
+    autocast hidden, weight and bias are cast to its dtype first, as an nn.Linear head's are."""
+    options = (ignore_index, label_smoothing, reduction, z_loss_scale)
+    cast = autocast_cast(hidden, weight, bias, device_type=hidden.device.type) if isinstance(hidden, Tensor) else (
+        hidden, weight, bias)  # fmt: skip
+    _checked("linear_cross_entropy", (*cast[:2], target, cast[2], None, None, None), options)
+    return lce.linear_cross_entropy(hidden, weight, target, bias, *options)

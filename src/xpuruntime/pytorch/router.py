@@ -5,16 +5,18 @@ op cannot describe (a dtype mix, a shape outside its semantics) or that no regis
 goes back to PyTorch's kernel; strict policies still raise. Calls made while the dispatcher is
 already running a kernel (a `torch_*` kernel calling back into aten) go to PyTorch directly.
 
-Also here: a policy extended to its ops' companions (`family_policy`, see `families`), and the values the
-routes derive once from the op schemas (`memoized`, `attrs_for`, `inputs_for`).
+Also here: a policy extended to its ops' companions (`family_policy`, see `families`), policies pinned to
+some calls (`pin`: what `patch(model, policy=...)` gives its modules), and the values the routes derive once
+from the op schemas (`memoized`, `attrs_for`, `inputs_for`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import warnings
 from collections.abc import Callable, Hashable, Iterator, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from .. import arguments
 from .. import policy as core_policy
@@ -108,6 +110,44 @@ def family_policy(policy: KernelPolicy) -> KernelPolicy:
     return derived
 
 
+class Pinned(NamedTuple):
+    """A policy pinned to some calls, whatever policy is in force where they run (`patch(model, policy=...)`):
+    the policy (None: the one in force at each call) and `key`, what a compiled graph's custom op carries
+    for it (the policy's JSON; "" for None)."""
+
+    policy: KernelPolicy | None
+    key: str
+
+
+IN_FORCE = Pinned(None, "")
+
+
+def pin(policy: KernelPolicy | None) -> Pinned:
+    """`policy` pinned (None: the policy in force at each call)."""
+    if policy is None:
+        return IN_FORCE
+    key = json.dumps(policy.to_dict(), sort_keys=True)
+    if len(_router.pinned) > _MAX_CACHED:
+        _router.pinned.clear()
+    _router.pinned[key] = policy
+    return Pinned(policy, key)
+
+
+def pinned_policy(pinned: KernelPolicy | str | None) -> KernelPolicy:
+    """The family-extended policy a call pinned to `pinned` dispatches under: a policy, a `Pinned.key` (a
+    compiled graph's; read back from its JSON in a process that never pinned it), or None / "" for the
+    policy in force."""
+    if not pinned:
+        policy = current_policy()
+    elif isinstance(pinned, str):
+        policy = _router.pinned.get(pinned)
+        if policy is None:
+            policy = _router.pinned[pinned] = KernelPolicy.from_dict(json.loads(pinned), "a pinned policy", False)
+    else:
+        policy = pinned
+    return family_policy(policy)
+
+
 def without(policy: KernelPolicy, ops: tuple[str, ...], user: KernelPolicy) -> KernelPolicy:
     """`policy` minus the companion preferences it added for `ops` (the user's own names stay)."""
     added = [op for op in ops if op in policy.preferences and op not in user.preferences]
@@ -136,7 +176,8 @@ def dispatch(
     run it' (see the module docstring). warn=False: the caller has another route to try, whose own
     fallback warns. routed=False: a compiled graph's call, which costs none of a route's host time (autotune
     weighs the routing cost for routed calls only, see `tuner.routed_view`) and keeps no workspace past
-    its return (`WorkspaceManager.per_call`: inductor's CUDA graph pools must hold the graph's tensors only)."""
+    its return (`WorkspaceManager.per_call`: inductor's CUDA graph pools must hold the graph's tensors only),
+    unless it is a fused op's body run eagerly (`custom_ops.eager`), which lends workspaces as routed calls do."""
     run = _router.run or get_dispatcher().run
     if STATE.tuner.families:
         tuner.note_call(op)
@@ -144,6 +185,8 @@ def dispatch(
     try:
         if routed:
             return run(op, inputs, attrs, None, tuner.routed_view(policy))
+        if STATE.threads.eager_bodies:  # a fused op run eagerly (custom_ops.eager): no graph pool to keep clean
+            return run(op, inputs, attrs, None, policy)
         with get_dispatcher().workspaces.per_call():  # a graph's scratch lives for the call only (CUDA graph pools)
             return run(op, inputs, attrs, None, policy)
     except NOT_OURS:

@@ -26,6 +26,7 @@ class RouterState:
     routed: dict[Any, frozenset[str]] = field(default_factory=dict)  # policy fingerprint -> ops it steers
     family: dict[tuple, Any] = field(default_factory=dict)  # (fingerprint, registry, generation) -> policy
     warned: set[tuple[str, str]] = field(default_factory=set)  # (op, kernel) fallback warnings given
+    pinned: dict[str, Any] = field(default_factory=dict)  # a pinned policy's key (its JSON) -> the policy
 
 
 @dataclass
@@ -93,6 +94,7 @@ class _ThreadScopes(threading.local):
     def __init__(self) -> None:
         self.multithreading: list[bool] = []  # autograd's multithreading flag as each scope found it
         self.native: list[bool] = []  # per open scope: told to the C++ routes?
+        self.eager_bodies = 0  # fused ops' bodies running eagerly here (custom_ops.eager), not in a compiled graph
 
 
 @dataclass

@@ -35,15 +35,15 @@ def _loss(rows: torch.Tensor, valid: torch.Tensor, target: torch.Tensor, reducti
     return rows.sum() / valid.sum() if reduction == "mean" else rows.sum()
 
 
-def _with_grads(args: ArgPack, hidden: Any, weight: Any, target: Any, bias: Any, grad_loss: Any,
-                buffers: tuple) -> torch.Tensor:  # fmt: skip
-    """The loss, and autograd's gradients (for grad_loss, 1 when None) into the buffers that are given."""
-    at = args.attrs
+def loss_and_gradients(attrs: Any, hidden: Any, weight: Any, target: Any, bias: Any, grad_loss: Any,
+                       buffers: tuple) -> torch.Tensor:  # fmt: skip
+    """The loss (`attrs`: the op's, with `vocab`), and autograd's gradients (for grad_loss, 1 when None) into
+    the buffers (grad_hidden, grad_weight, grad_bias) that are not None."""
     wanted = [t for t, b in zip((hidden, weight, bias), buffers) if b is not None]
     with torch.enable_grad():
         leaves = {id(t): t.detach().requires_grad_() for t in wanted}
         h, w, b = (leaves.get(id(t), t) if t is not None else None for t in (hidden, weight, bias))
-        loss = _loss(*_row_losses(h, w, target, b, at), target, at["reduction"])
+        loss = _loss(*_row_losses(h, w, target, b, attrs), target, attrs["reduction"])
         if wanted:
             g = torch.ones_like(loss) if grad_loss is None else grad_loss.to(loss.dtype)
             grads = torch.autograd.grad(loss, [leaves[id(t)] for t in wanted], g)
@@ -56,11 +56,11 @@ def _with_grads(args: ArgPack, hidden: Any, weight: Any, target: Any, bias: Any,
 def linear_cross_entropy_torch(args: ArgPack) -> None:
     """F.linear, fp32 logits, the loss formula; autograd for the gradient buffers."""
     hidden, weight, target, bias, *buffers = args.inputs
-    args.out.copy_(_with_grads(args, hidden, weight, target, bias, None, tuple(buffers)))
+    args.out.copy_(loss_and_gradients(args.attrs, hidden, weight, target, bias, None, tuple(buffers)))
 
 
 @kernel("linear_cross_entropy_backward", "torch", backend="torch", dtypes=GPU_FLOAT_DTYPES, priority=20)
 def linear_cross_entropy_backward_torch(args: ArgPack) -> None:
     """Autograd through the unfused forward for grad_loss."""
     grad_loss, hidden, weight, target, bias, grad_weight, grad_bias = args.inputs
-    _with_grads(args, hidden, weight, target, bias, grad_loss, (args.out, grad_weight, grad_bias))
+    loss_and_gradients(args.attrs, hidden, weight, target, bias, grad_loss, (args.out, grad_weight, grad_bias))

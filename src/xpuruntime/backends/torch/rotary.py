@@ -13,7 +13,8 @@ from ...registry import kernel
 from .common import GPU_FLOAT_DTYPES
 
 
-def _table(t: torch.Tensor, position_ids: torch.Tensor | None, axis: int) -> torch.Tensor:
+def table(t: torch.Tensor, position_ids: torch.Tensor | None, axis: int) -> torch.Tensor:
+    """cos or sin as HF applies it: rows gathered by position_ids (NaN where out of range), unsqueezed at `axis`."""
     if position_ids is not None:
         valid = (position_ids >= 0) & (position_ids < t.shape[0])
         rows = t[torch.where(valid, position_ids, 0)]
@@ -28,7 +29,8 @@ def _rotated(x: torch.Tensor, interleaved: bool) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def _apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool, backward: bool) -> torch.Tensor:
+def rotation(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool, backward: bool) -> torch.Tensor:
+    """x * cos + rotate(x) * sin over the rotary dims (backward: the transpose, dy * cos - rotate(dy * sin))."""
     r = cos.shape[-1]
     part = x[..., :r]
     y = part * cos - _rotated(part * sin, interleaved) if backward else part * cos + _rotated(part, interleaved) * sin
@@ -38,8 +40,8 @@ def _apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: b
 def _run(args: ArgPack, backward: bool) -> None:
     q, k, cos, sin, position_ids = args.inputs
     at = args.attrs
-    c, s = (_table(t, position_ids, at["unsqueeze_dim"]) for t in (cos, sin))
-    parts = [_apply(x, c, s, at["interleaved"], backward).reshape(-1) for x in (q, k)]
+    c, s = (table(t, position_ids, at["unsqueeze_dim"]) for t in (cos, sin))
+    parts = [rotation(x, c, s, at["interleaved"], backward).reshape(-1) for x in (q, k)]
     out = args.out
     if out.is_contiguous():
         torch.cat(parts, out=out)

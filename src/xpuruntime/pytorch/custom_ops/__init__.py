@@ -3,6 +3,6 @@ backward through the selector, with fake kernels for tracing and autograd formul
 bodies in eager mode and emit them into graphs that torch.compile traces; a new fused op costs one file
 here (its forward and backward ops) and one line in `families` (see `norm.py` for the pattern)."""
 
-from . import attention, matmul, norm
+from . import add_norm, attention, glu, linear, linear_cross_entropy, matmul, norm, rotary
 
-__all__ = ["attention", "matmul", "norm"]
+__all__ = ["add_norm", "attention", "glu", "linear", "linear_cross_entropy", "matmul", "norm", "rotary"]

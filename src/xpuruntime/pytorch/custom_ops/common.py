@@ -8,6 +8,10 @@ from typing import Any
 import torch
 
 from ... import log
+from ...abi import TensorSpec
+from ...arguments import freeze
+from ...context import build_context
+from ...policy import current_policy
 
 PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 
@@ -96,6 +100,37 @@ def _owns_its_memory(t: torch.Tensor) -> bool:
     return t.untyped_storage().nbytes() == t.numel() * t.element_size()
 
 
+def by_autograd(formula: Any, inputs: tuple, grad_outputs: Any) -> tuple:
+    """Gradients of `formula(*inputs)` (an output or a tuple of them) for `grad_outputs` (one per output, None
+    for an output without one) by autograd: a fallback's backward where no kernel of ours runs. One gradient
+    per input, None for an input that is not a floating tensor. Inside a custom op's body, call it under
+    `autograd_enabled()`."""
+    with torch.enable_grad():
+        leaves = [t.detach().requires_grad_() if _floating(t) else t for t in inputs]
+        outputs = formula(*leaves)
+        if not isinstance(outputs, tuple):
+            outputs, grad_outputs = (outputs,), (grad_outputs,)
+        pairs = [(o, g) for o, g in zip(outputs, grad_outputs) if g is not None]
+        wanted = [t for t in leaves if _floating(t)]
+        found = torch.autograd.grad([o for o, _ in pairs], wanted, [g for _, g in pairs], allow_unused=True)
+        grads = iter(found)
+        return tuple(next(grads) if _floating(t) else None for t in leaves)
+
+
+def _floating(t: Any) -> bool:
+    return isinstance(t, torch.Tensor) and t.is_floating_point()
+
+
+def pytorch_ran(op: str, *tensors: Any) -> None:
+    """Log that PyTorch's code ran `op` because no kernel of ours could take the call (kernel "torch", reason
+    "fallback"), if the dispatch log is on."""
+    if log.OBSERVERS:
+        present = [t for t in tensors if isinstance(t, torch.Tensor)]
+        dtype = str(present[0].dtype).removeprefix("torch.") if present else ""
+        shapes = tuple(tuple(t.shape) for t in present)
+        log.log_record(op, "torch", "torch", "fallback", shapes, dtype, log.current_origin() or "eager")
+
+
 def or_empty(t: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
     """Custom ops return tensors only: an absent gradient travels as an empty tensor."""
     return like.new_empty((0,)) if t is None else t
@@ -113,6 +148,27 @@ def autocast_cast(*tensors: Any, device_type: str) -> tuple:
     )
 
 
+def autograd_enabled() -> contextlib.AbstractContextManager:
+    """Inside a custom op's body PyTorch excludes the autograd dispatch keys, so operations there record no
+    graph even under torch.enable_grad(). This block includes them again, for kernels and fallbacks that
+    differentiate a PyTorch formula with torch.autograd.grad (on detached leaves, under enable_grad)."""
+    exclude = torch._C._dispatch_tls_local_exclude_set()
+    if not exclude.has(torch._C.DispatchKey.AutogradFunctionality):
+        return contextlib.nullcontext()
+    include = torch._C._dispatch_tls_local_include_set()
+    return torch._C._ForceDispatchKeyGuard(include, exclude.remove(torch._C.DispatchKey.AutogradFunctionality))
+
+
+def autocast_float32(*tensors: Any) -> tuple:
+    """As PyTorch's CUDA autocast runs its float32 ops (layer_norm among them): float16 / bfloat16 tensors cast
+    to float32 (a no-op outside CUDA autocast; CPU autocast runs these ops in their inputs' dtypes)."""
+    device = next((t.device.type for t in tensors if isinstance(t, torch.Tensor)), "cpu")
+    if device != "cuda" or not torch.is_autocast_enabled(device):
+        return tensors
+    half = (torch.float16, torch.bfloat16)
+    return tuple(t.float() if isinstance(t, torch.Tensor) and t.dtype in half else t for t in tensors)
+
+
 def graph_origin() -> contextlib.AbstractContextManager:
     """Inside a custom op's body: record its dispatches as made by a compiled graph ("graph"), unless the
     caller said where they come from (an eager public function sets "eager"). Free while nobody logs."""
@@ -124,3 +180,17 @@ def graph_origin() -> contextlib.AbstractContextManager:
 def eager_origin() -> contextlib.AbstractContextManager:
     """Around an eager public function's call of a custom op: its dispatches are "eager"."""
     return log.dispatch_origin("eager") if log.OBSERVERS else contextlib.nullcontext()
+
+
+def check_call(op: str, inputs: tuple, attrs: tuple) -> None:
+    """Raise the op's own error (an XpuRuntimeError naming the argument and what was expected) for a call its
+    schema rejects, without running it: the check of a public function's arguments."""
+    from ..router import get_dispatcher
+
+    schema = get_dispatcher().registry.op(op)
+    specs = tuple(_spec(t) if isinstance(t, torch.Tensor) else t for t in inputs)
+    build_context(schema, specs, freeze(attrs), None, current_policy())
+
+
+def _spec(t: torch.Tensor) -> TensorSpec:
+    return TensorSpec(tuple(t.shape), str(t.dtype).removeprefix("torch."), tuple(t.stride()), str(t.device))
