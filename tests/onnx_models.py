@@ -4,7 +4,9 @@ evaluator), and how results are compared."""
 
 from __future__ import annotations
 
+import contextlib
 import warnings
+from collections.abc import Iterator
 
 import numpy as np
 import onnx
@@ -66,6 +68,31 @@ def torch_path_builder():
         )
 
     return build
+
+
+HOST_READS = ("cpu", "numpy", "item", "tolist", "__bool__", "__int__", "__float__", "__index__")
+
+
+@contextlib.contextmanager
+def no_host_reads(monkeypatch) -> Iterator[None]:
+    """As if a CUDA graph were being captured, without a GPU: the op records see `capturing()` true, and any read
+    of a tensor's values on the host (what breaks a capture: .cpu(), .numpy(), .item(), int(t), bool(t), ...)
+    raises AssertionError naming it."""
+    import torch
+
+    from xpuruntime.onnx.ops import record
+
+    def refuse(name: str):
+        def read(*args: object, **kwargs: object) -> None:
+            raise AssertionError(f"a host read (Tensor.{name}) where a CUDA graph is being captured")
+
+        return read
+
+    with monkeypatch.context() as patch:
+        patch.setattr(record, "capturing", lambda device: True)
+        for name in HOST_READS:
+            patch.setattr(torch.Tensor, name, refuse(name))
+        yield
 
 
 def torch_run(build, model: onnx.ModelProto, feed: dict) -> list[np.ndarray]:

@@ -327,6 +327,24 @@ def test_bench_names_only_the_reports_it_wrote(capsys, tmp_path, counted_rows) -
     assert named.stem.startswith(("cpu_", "h100_")) and named.with_suffix(".md").exists()
 
 
+def test_bench_prints_each_row_as_it_ends(capsys, tmp_path, monkeypatch) -> None:
+    """A long run piped to a log (the zoo rows take minutes each) shows every finished row at once, not only
+    the table at the end: what the second row's setup finds printed already holds the first row's line."""
+    seen: list[str] = []
+
+    def setup(name: str) -> Setup:
+        seen.append(capsys.readouterr().out)
+        x = np.random.default_rng().standard_normal(1000)
+        return Setup(lambda: np.sin(x), lambda: np.sin(x).copy(), bytes=2 * x.nbytes, note=name)
+
+    rows = [Row(f"row {i}", "g", lambda i=i: setup(f"row {i}"), target=0.5) for i in (1, 2)]
+    monkeypatch.setattr(bench.cli, "discover", lambda: (rows, []))
+    monkeypatch.setattr(bench.cli, "default_timer", lambda kind="device": bench.host_timer(warmup=1, repeat=3))
+    code, _, _ = run_cli(capsys, "bench", "--out", str(tmp_path), "--name", "run")
+    assert code == 0 and len(seen) == 2
+    assert "row 1: ours " in seen[1] and "ratio " in seen[1] and "row 2" not in seen[1]
+
+
 def test_bench_without_matplotlib_still_writes_its_reports(capsys, tmp_path, counted_rows, monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # `pip install xpuruntime[torch,cuda]` has no matplotlib
     code, text, err = run_cli(capsys, "bench", "--out", str(tmp_path), "--name", "run")

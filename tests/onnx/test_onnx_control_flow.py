@@ -177,3 +177,29 @@ def test_subgraph_errors_name_the_node(rng) -> None:
     same(sess.run(None, {"x": x, "flag": np.array(False)}), [x])  # the failing branch is not run
     with pytest.raises(NodeExecutionError, match=r"\(If\).*\(Reshape\) in subgraph 'then'"):
         sess.run(None, {"x": randn(rng, 4), "flag": np.array(True)})
+
+
+def test_gpu_path_subgraphs_compute_on_the_device_of_the_outer_tensors(rng) -> None:
+    """On the GPU path an If's condition is read on the host (a NumPy array) and its other inputs are device
+    tensors: the branch's own constants (here a GatherElements index and a value added) go to the tensors'
+    device, not the host's. NumPy arrays have a `.device` ('cpu') since NumPy 2; taken for a tensor's, it sent
+    them to the host (ONNX's affine_grid expanded tests failed so on CUDA). The 'meta' device stands in for
+    CUDA here: mixing it with host tensors fails as mixing CUDA with host tensors does."""
+    torch = pytest.importorskip("torch")
+    from xpuruntime.onnx.importer import import_model
+    from xpuruntime.onnx.ops import OPS
+
+    then = graph(
+        [helper.make_node("GatherElements", ["x", "index"], ["g"], axis=1), helper.make_node("Add", ["g", "c"], ["t"])],
+        [], [vi("t", None)], "then", {"index": np.array([[1, 0], [2, 2]], np.int64), "c": np.float32(2.0)},
+    )  # fmt: skip
+    otherwise = graph([helper.make_node("Identity", ["x"], ["e"])], [], [vi("e", None)], "else")
+    node = helper.make_node("If", ["flag"], ["y"], then_branch=then, else_branch=otherwise)
+    model = make([node], [vi("x", [2, 3]), vi("flag", [], B)], [vi("y", None)])
+    (if_node,) = import_model(model).nodes
+    run_if = OPS["If"].torch(if_node, 13)
+    x = randn(rng, 2, 3)
+    (y,) = run_if(np.array(True), torch.from_numpy(x).to("meta"))
+    assert y.device.type == "meta" and tuple(y.shape) == (2, 2)
+    (y,) = run_if(np.array(True), torch.from_numpy(x))  # the values, on the CPU
+    np.testing.assert_allclose(y.numpy(), np.take_along_axis(x, np.array([[1, 0], [2, 2]]), 1) + 2.0)

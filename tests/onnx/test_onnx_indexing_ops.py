@@ -6,9 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from onnx import TensorProto, helper
-from onnx_models import make, onnxruntime, ours, randn, run_on, same, vi
+from onnx_models import make, no_host_reads, onnxruntime, ours, randn, run_on, same, vi
 
+from xpuruntime.graph.ir import Node
 from xpuruntime.onnx import NodeExecutionError
+from xpuruntime.onnx.ops import OPS
 
 F, I64 = TensorProto.FLOAT, TensorProto.INT64
 PATHS = ("numpy", "torch")
@@ -26,6 +28,31 @@ def test_gather_nd_with_batch_dims_and_negative_indices(path: str, batch_dims: i
     model = make([node], [vi("data", list(data.shape)), vi("indices", list(indices.shape), I64)], [vi("y", None)])
     feed = {"data": data, "indices": indices}
     same(run_on(path, torch_session, model, feed), onnxruntime(model, feed))
+
+
+@pytest.mark.parametrize("batch_dims", [0, 1])
+def test_gather_nd_on_the_gpu_path_reads_no_index_on_the_host_while_capturing(batch_dims: int, monkeypatch,
+                                                                             rng) -> None:  # fmt: skip
+    """HF's padding-mask indexing (GatherND of a bool [B, S] mask with [B, 1, 1, S, 2] indices) sits inside the
+    CUDA graph the GPU runner captures: its PyTorch function indexes on the indices' device, reading nothing
+    on the host (it copied them to the host, and capture failed on BERT, GPT-2 and Llama)."""
+    torch = pytest.importorskip("torch")
+    data = rng.random((3, 5, 4)) > 0.5
+    lead = (3,)[:batch_dims]
+    indices = np.stack([rng.integers(-n, n, (*lead, 2, 6)) for n in data.shape[batch_dims : batch_dims + 2]], -1)
+    node = Node("GatherND", ["data", "indices"], ["y"], {"batch_dims": batch_dims}, "g")
+    want = OPS["GatherND"].numpy(node, 13)(data, indices)
+    gather = OPS["GatherND"].torch(node, 13)
+    with no_host_reads(monkeypatch):
+        got = gather(torch.from_numpy(data), torch.from_numpy(indices))
+    assert got.dtype == torch.bool and np.array_equal(got.numpy(), want)
+
+
+def test_gather_nd_on_the_gpu_path_checks_indices_outside_capture(torch_session) -> None:
+    node = helper.make_node("GatherND", ["data", "indices"], ["y"])
+    model = make([node], [vi("data", [5, 4]), vi("indices", [1, 2], I64)], [vi("y", None)], opset=13)
+    with pytest.raises(NodeExecutionError, match=r"GatherND: indices outside \[-4, 4\) for axis 1"):
+        torch_session(model).run(None, {"data": np.ones((5, 4), np.float32), "indices": np.array([[0, 4]])})
 
 
 @pytest.mark.parametrize("path", PATHS)

@@ -61,10 +61,16 @@ def run_cli(args: Any) -> int:
     out = _writable_folder(Path(args.out))  # before the first row: a long run must not end in "cannot write"
     doc = report.document([], failures)
     stem = args.name or report.run_name(doc)
-    results = run(rows, default_timer(args.timer),
-                  on_result=lambda done: report.write_run(done, out, stem, doc, chart=False))  # fmt: skip
-    written = report.write_run(results, out, stem, doc)
     say = functools.partial(console.print, markup=False, highlight=False, soft_wrap=True)  # rows stay whole in pipes
+
+    def finished(done: list[Result]) -> None:
+        """Each row as it ends: its line, flushed (a run cut short has shown what it measured), and the reports."""
+        say(report.row_line(done[-1]))
+        console.file.flush()
+        report.write_run(done, out, stem, doc, chart=False)
+
+    results = run(rows, default_timer(args.timer), progress=console.is_terminal, on_result=finished)
+    written = report.write_run(results, out, stem, doc)
     say(report.markdown(results, doc))
     say(f"wrote {', '.join(map(str, written))}")
     if report.plottable(results) and len(written) < 3:

@@ -181,6 +181,14 @@ def _selection_text(r: Result) -> str:
     return " · ".join(parts) + (f" ⚠ {', '.join(low)} below floor" if low else "") if parts else "—"
 
 
+def row_line(r: Result) -> str:
+    """One finished row in one line, as a run prints it: ours, the anchor, the alternatives, ratio, verdict."""
+    alternatives = "".join(f", {name} {fmt(ms)} ms" for name, ms in r.alternatives_ms.items())
+    where = f"{r.subject}: " if r.subject else ""
+    return (f"{where}{r.name}: ours {fmt(r.ours_value)} {r.units}, anchor {fmt(r.anchor_value)}{alternatives}; "
+            f"ratio {fmt(r.ratio)} (target {target_text(r)}): {verdict(r)}")  # fmt: skip
+
+
 def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 

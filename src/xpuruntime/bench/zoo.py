@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -42,16 +43,62 @@ def _needs_zoo() -> str | None:
     return needs_onnxruntime()
 
 
-@functools.cache
-def _model(name: str, device: str, dtype: str) -> tuple[Any, bytes]:
-    """The real-size module on `device` in `dtype` and its ONNX export (made once per process)."""
+def _say(text: str) -> None:
+    """A progress line, flushed: exports and compiles take minutes at real size."""
+    print(text, flush=True)
+
+
+def _timed(what: str, fn: Any) -> tuple[Any, float]:
+    """fn()'s result and the seconds it took, said when it ends."""
+    start = time.perf_counter()
+    result = fn()
+    seconds = time.perf_counter() - start
+    _say(f"  {what}: {seconds:.1f} s")
+    return result, seconds
+
+
+def _build(name: str, device: str, dtype: str) -> tuple[Any, bytes, dict[str, float]]:
+    """The real-size module on `device` in `dtype`, its ONNX export, and the seconds each took."""
     import torch
 
     spec = ZOO[name]
-    model, example = spec.build("real")
+    (model, example), built = _timed(f"{name} {dtype}: build", lambda: spec.build("real"))
     model = model.to(device, getattr(torch, dtype))
     example = tuple(t.to(device).to(getattr(torch, dtype)) if t.is_floating_point() else t.to(device) for t in example)
-    return model, export(model, example, spec, exporter(), OPSET)
+    data, seconds = _timed(f"{name} {dtype}: {exporter()} export, opset {OPSET}",
+                           lambda: export(model, example, spec, exporter(), OPSET))  # fmt: skip
+    return model, data, {"build": built, "export": seconds}
+
+
+@functools.lru_cache(maxsize=1)
+def _model(name: str, device: str, dtype: str) -> tuple[Any, bytes]:
+    """The module and its export for the CPU rows (kept while the rows of one model run)."""
+    model, data, _ = _build(name, device, dtype)
+    return model, data
+
+
+@dataclass
+class GpuBundle:
+    """What every GPU row of one model and dtype shares: the module, one session (a plan and CUDA graph per
+    input signature, as a user's session keeps them), one torch.compile wrapper (it compiles again for a new
+    shape, as it does for a user), and the seconds the one-off steps took."""
+
+    model: Any
+    session: Any
+    compiled: Any
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+@functools.lru_cache(maxsize=1)  # the rows of one model and dtype run one after another
+def _bundle(name: str, dtype: str) -> GpuBundle:
+    import torch
+
+    from ..onnx import InferenceSession
+
+    model, data, seconds = _build(name, "cuda", dtype)
+    session, seconds["session"] = _timed(f"{name} {dtype}: InferenceSession(device='cuda')",
+                                         lambda: InferenceSession(data, device="cuda"))  # fmt: skip
+    return GpuBundle(model, session, torch.compile(model, mode="reduce-overhead"), seconds)
 
 
 def exporter() -> str:
@@ -93,16 +140,13 @@ def _cpu(name: str, batch: int) -> Setup:
 def _gpu(name: str, dtype: str, batch: int, seq: int | None) -> Setup:
     import torch
 
-    from ..onnx import InferenceSession
-
-    model, data = _model(name, "cuda", dtype)
-    session = InferenceSession(data, device="cuda")
+    bundle = _bundle(name, dtype)
+    model, session = bundle.model, bundle.session
     feed = {
         k: torch.from_numpy(v).cuda().to(getattr(torch, dtype) if v.dtype.kind == "f" else torch.int64)
         for k, v in _feed(name, batch, seq).items()
     }
     args = [feed[k] for k in ZOO[name].inputs]
-    compiled = torch.compile(model, mode="reduce-overhead")
 
     def eager() -> Any:
         with torch.no_grad():
@@ -110,14 +154,19 @@ def _gpu(name: str, dtype: str, batch: int, seq: int | None) -> Setup:
 
     def anchor() -> Any:
         with torch.no_grad():
-            return compiled(*args)
+            return bundle.compiled(*args)
 
     def ours() -> Any:
         return session.run(None, feed)[0]
 
+    shape = f"B{batch}" + (f" S{seq}" if seq else "")
+    _, planned = _timed(f"{name} {dtype} {shape}: first run (planning, CUDA graph capture)", ours)
+    _, compiled = _timed(f"{name} {dtype} {shape}: torch.compile's first call (compile, CUDA graphs)", anchor)
     tolerance = 1e-3 if dtype == "float32" else 2e-2
     fused = {r.name: r.changes for r in session.pass_summary if r.changes and r.name.endswith(("fusion", "folding"))}
-    note = f"{exporter()} export; {session.runner.status()}; fusions {fused}"
+    once = ", ".join(f"{k} {v:.0f} s" for k, v in bundle.seconds.items())
+    note = (f"{exporter()} export; {session.runner.status()}; fusions {fused}; first run {planned:.1f} s, "
+            f"compile {compiled:.0f} s; once per model: {once}")  # fmt: skip
     return Setup(ours=ours, anchor=anchor, alternatives={"eager": eager},
                  check=lambda: close(ours(), eager(), tolerance), note=note)  # fmt: skip
 

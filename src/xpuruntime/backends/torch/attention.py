@@ -121,15 +121,32 @@ def _blind_rows(mask: torch.Tensor) -> torch.Tensor:
     return (mask == float("-inf")).all(dim=-1, keepdim=True)
 
 
-def _sdpa(args: ArgPack, backend: SDPBackend) -> torch.Tensor:
-    """SDPA with one backend. Since PyTorch 2.5 the math backend (its _safe_softmax) gives 0 on a row that sees
-    no key; the op gives NaN there (as the reference, flash_v2 and the CPU kernels do), so such rows are set."""
-    q, k, v, mask = args.inputs
+def exp2_safe_mask(mask: torch.Tensor | None) -> torch.Tensor | None:
+    """An additive mask the memory-efficient kernel reads right. It multiplies scores by log2(e) before its exp2,
+    so a value below -finfo.max / log2(e), such as Hugging Face's finfo(float32).min padding, turns into -inf
+    there, and a query row whose every key has such a value comes out NaN instead of the plain average of v
+    that the op (and the exported graph) computes. Values below finfo.min / 2 are raised to it; -inf stays.
+    No result changes (so low a value swamps any score in float32, leaving weight 0 beside a real key and equal
+    weights in a row of them) unless a row holds only such values and they differ. float16 masks cannot be
+    that low: returned as they are, as are boolean masks."""
+    if mask is None or mask.dtype in (torch.bool, torch.float16):
+        return mask
+    floor = torch.finfo(mask.dtype).min / 2
+    return torch.where((mask < floor) & (mask != float("-inf")), floor, mask)
+
+
+def _sdpa(args: ArgPack, backend: SDPBackend, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """SDPA with one backend (with `mask` instead of the call's own, given as the kernel reads it). Since
+    PyTorch 2.5 the math backend (its _safe_softmax) gives 0 on a row that sees no key; the op gives NaN there
+    (as the reference, flash_v2 and the CPU kernels do), so such rows are set."""
+    q, k, v, given = args.inputs
     at = args.attrs
     with sdpa_kernel([backend]):
-        result = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=at["is_causal"], scale=at["scale"])
-    if mask is not None and mask.numel():
-        result.masked_fill_(_blind_rows(mask), float("nan"))
+        result = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=given if mask is None else mask, is_causal=at["is_causal"], scale=at["scale"]
+        )
+    if given is not None and given.numel():
+        result.masked_fill_(_blind_rows(given), float("nan"))
     return returned(args, result)
 
 
@@ -153,8 +170,8 @@ def attention_torch_flash(args: ArgPack) -> torch.Tensor:
     returns_output=True,
 )  # fmt: skip
 def attention_torch_efficient(args: ArgPack) -> torch.Tensor:
-    """SDPA with only PyTorch's memory-efficient (xFormers) backend; takes masks."""
-    return _sdpa(args, SDPBackend.EFFICIENT_ATTENTION)
+    """SDPA with only PyTorch's memory-efficient (xFormers) backend; takes masks (see exp2_safe_mask)."""
+    return _sdpa(args, SDPBackend.EFFICIENT_ATTENTION, exp2_safe_mask(args.inputs[3]))
 
 
 @kernel(

@@ -16,6 +16,7 @@ import torch
 from ...abi import ArgPack, LaunchConfig
 from ...context import DispatchContext
 from ...registry import kernel
+from ..torch.attention import exp2_safe_mask
 from . import flash
 from .common import INTERPRET, MAX_GRID_Y, as_torch, no_negative_strides
 
@@ -206,7 +207,7 @@ def attention_flash_v2(args: ArgPack) -> None:
     at = args.attrs
     b4 = _batch4(at["batch"])
     out = _view4(as_torch(args.out))
-    mask4 = _mask4(mask, b4, at["L"], at["S"])
+    mask4 = _mask4(exp2_safe_mask(mask), b4, at["L"], at["S"])  # the kernel too adds the mask times log2(e)
     q4, k4, v4 = _view4(q, at["batch"]), _view4(k, at["batch"]), _view4(v, at["batch"])
     cfg = _forward_config(args, q4, k4, v4, out, mask4)
     flash.forward(q4, k4, v4, out, None, mask4, at["is_causal"], at["scale"], cfg)

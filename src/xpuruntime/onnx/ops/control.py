@@ -17,7 +17,7 @@ from ...errors import ArgumentError, ShapeError, XpuRuntimeError
 from ...graph.ir import Graph, GraphError, Node
 from ..errors import NodeExecutionError, UnsupportedModelError
 from .arrays import NUMPY, TORCH
-from .record import OPS, LoadContext, on_host, op, scalar, to_host
+from .record import OPS, LoadContext, is_tensor, on_host, op, scalar, to_host
 
 
 class Body:
@@ -72,7 +72,7 @@ class Body:
             return np.asarray(value)
         if isinstance(value, np.ndarray):
             return self.xp.from_host(value, like)
-        device = getattr(like, "device", value.device)
+        device = like.device if is_tensor(like) else value.device
         return value if value.device == device else value.to(device)
 
 
@@ -89,7 +89,7 @@ def _declared(node: Node, args: Sequence[Any]) -> tuple[list[Any], list[Any]]:
 
 def _like(args: Sequence[Any]) -> Any:
     """An argument whose kind (and device) the body's results take: a tensor, if any (host inputs are NumPy)."""
-    return next((a for a in args if hasattr(a, "device")), next((a for a in args if a is not None), None))
+    return next((a for a in args if is_tensor(a)), next((a for a in args if a is not None), None))
 
 
 def _stack(xp: Any, values: list[Any], graph: Graph, index: int, like: Any) -> Any:

@@ -12,7 +12,7 @@ import numpy as np
 from ...errors import ArgumentError, ShapeError
 from ...graph.ir import Node
 from ..errors import UnsupportedModelError
-from .record import Fn, LoadContext, axis_index, check_indices, itemsize, op, to_host, torch
+from .record import Fn, LoadContext, axis_index, check_indices, host_readable, itemsize, op, to_host, torch
 
 
 def gather(node: Node, opset: int) -> Fn:
@@ -75,24 +75,25 @@ op("GatherElements", gather_elements, gather_elements_torch)
 
 
 # -- GatherND -------------------------------------------------------------------------------------------------------
-def _nd_index(op: str, data_shape: tuple[int, ...], indices: np.ndarray, batch_dims: int) -> tuple:
+def _nd_index(op: str, data_shape: tuple[int, ...], indices: Any, batch_dims: int, arange: Fn = np.arange,
+              check: bool = True) -> tuple:  # fmt: skip
     """The index tuple for data[...] that picks what GatherND / ScatterND address: the batch dims' positions
-    broadcast against the index columns (negative ones wrapped); ArgumentError naming the op when out of range."""
+    (`arange`: of the indices' kind and device) broadcast against the index columns, negative ones wrapped.
+    ArgumentError naming the op when out of range (with `check`: it reads the indices on the host)."""
     depth = indices.shape[-1]
     if batch_dims + depth > len(data_shape):
         raise ShapeError(f"{op}: index depth {depth} after {batch_dims} batch dims exceeds data rank {len(data_shape)}")
     if tuple(indices.shape[:batch_dims]) != tuple(data_shape[:batch_dims]):
-        raise ShapeError(f"{op}: batch dims of indices {indices.shape} and data {tuple(data_shape)} differ")
+        raise ShapeError(f"{op}: batch dims of indices {tuple(indices.shape)} and data {tuple(data_shape)} differ")
     columns = []
     for k in range(depth):
         dim = data_shape[batch_dims + k]
         column = indices[..., k]
-        check_indices(op, column, dim, batch_dims + k, data_shape)
-        columns.append(np.where(column < 0, column + dim, column))
-    lead = indices.shape[:-1]
-    batch = [
-        np.arange(n).reshape((1,) * b + (n,) + (1,) * (len(lead) - b - 1)) for b, n in enumerate(lead[:batch_dims])
-    ]
+        if check:
+            check_indices(op, column, dim, batch_dims + k, data_shape)
+        columns.append(column + dim * (column < 0))
+    lead = tuple(indices.shape[:-1])
+    batch = [arange(n).reshape((1,) * b + (n,) + (1,) * (len(lead) - b - 1)) for b, n in enumerate(lead[:batch_dims])]
     return (*batch, *columns)
 
 
@@ -102,11 +103,15 @@ def gather_nd(node: Node, opset: int) -> Fn:
 
 
 def gather_nd_torch(node: Node, opset: int) -> Fn:
+    """GatherND on the indices' device, without a copy to the host: HF's padding-mask indexing sits inside the
+    captured CUDA graph. Indices are range-checked on the host except while a graph is being captured (a
+    replay, like PyTorch's indexing, stops out-of-range indices with a device-side assert)."""
     batch_dims = int(node.attrs.get("batch_dims", 0))
 
     def run(data: Any, indices: Any) -> Any:
-        index = _nd_index("GatherND", tuple(data.shape), to_host(indices), batch_dims)
-        return data[tuple(torch.as_tensor(i, device=data.device) for i in index)]
+        idx = indices.long()
+        arange = lambda n: torch.arange(n, device=idx.device)  # noqa: E731
+        return data[_nd_index("GatherND", tuple(data.shape), idx, batch_dims, arange, host_readable(idx))]
 
     return run
 

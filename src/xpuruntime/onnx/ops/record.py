@@ -127,6 +127,28 @@ def to_host(x: Any) -> Any:
     return np.asarray(x)
 
 
+def is_tensor(x: Any) -> bool:
+    """A PyTorch tensor (without importing PyTorch). Not `hasattr(x, "device")`: since NumPy 2, NumPy arrays
+    have a `.device` too ('cpu'), and taking one for a tensor sends device values to the host."""
+    return hasattr(x, "detach") and hasattr(x, "device")
+
+
+def tensor_device(values: Any) -> Any:
+    """The device of the first PyTorch tensor among `values` (None when there is none)."""
+    return next((v.device for v in values if is_tensor(v)), None)
+
+
+def capturing(device: Any) -> bool:
+    """Whether `device`'s current stream is capturing a CUDA graph (then nothing may be read on the host)."""
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+def host_readable(x: Any) -> bool:
+    """Whether a value may be read on the host now: always, except a tensor on a device whose stream is
+    capturing a CUDA graph (a copy to the host there breaks the capture)."""
+    return not is_tensor(x) or not capturing(x.device)
+
+
 def ints(x: Any) -> list[int]:
     """A shape, axes or bounds operand as Python ints ([] for a left-out one)."""
     return [] if x is None else [int(v) for v in np.asarray(to_host(x)).reshape(-1)]
@@ -248,7 +270,7 @@ def on_host(numpy_builder: Builder, device: Any = None) -> Builder:
         fn = numpy_builder(node, opset)
 
         def run(*args: Any) -> Any:
-            where = device if device is not None else next((a.device for a in args if hasattr(a, "device")), "cpu")
+            where = device if device is not None else tensor_device(args) or "cpu"
             result = fn(*(to_host(a) for a in args))
             move = lambda r: as_tensor(np.asarray(r), where)  # noqa: E731
             return tuple(move(r) for r in result) if isinstance(result, tuple | list) else move(result)

@@ -24,6 +24,7 @@ from .record import (
     itemsize,
     op,
     scalar,
+    tensor_device,
     to_host,
     torch,
     torch_dtype,
@@ -342,7 +343,7 @@ def range_torch(node: Node, opset: int) -> Fn:
     def run(start: Any, limit: Any, delta: Any) -> Any:
         s, lim, d = (float(scalar(v)) for v in (start, limit, delta))
         dtype = torch_dtype(np.asarray(to_host(start)).dtype.name)
-        device = next((v.device for v in (start, limit, delta) if hasattr(v, "device")), None)
+        device = tensor_device((start, limit, delta))
         return (s + d * torch.arange(range_length(s, lim, d), dtype=torch.float64, device=device)).to(dtype)
 
     return run
