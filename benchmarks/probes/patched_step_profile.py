@@ -4,6 +4,7 @@ when the two are close), the GPU's kernel time per step, the kernels and host op
 torch.compile the graph breaks and graphs made.
 
     python benchmarks/probes/patched_step_profile.py [--model llama] [--variants eager,patched,patched+compile]
+        [--cprofile]  (also cProfile over five steps: the Python functions that take the host time)
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ def main() -> None:
     parser.add_argument("--model", default="llama")
     parser.add_argument("--variants", default="eager,patched,patched+compile")
     parser.add_argument("--top", type=int, default=14)
+    parser.add_argument("--cprofile", action="store_true", help="also the Python functions that take the host time")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     torch.manual_seed(0)
@@ -53,6 +55,8 @@ def main() -> None:
                 for _ in range(2):
                     v.step()
                 torch.cuda.synchronize()
+        if args.cprofile:
+            python_profile(v.step, args.top * 3)
         events = prof.key_averages()
         kernel_ms = sum(e.self_device_time_total for e in events) / 2e3
         print(
@@ -68,6 +72,26 @@ def main() -> None:
         print(events.table(sort_by="self_cpu_time_total", row_limit=args.top, max_name_column_width=70))
         v.model = v.opt = v.step = None
         torch.cuda.empty_cache()
+
+
+def python_profile(step, top: int) -> None:
+    """cProfile over five steps: the Python functions by own time, then by cumulative time."""
+    import cProfile
+    import io
+    import pstats
+
+    import torch
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(5):
+        step()
+    torch.cuda.synchronize()
+    profiler.disable()
+    for key in ("tottime", "cumulative"):
+        text = io.StringIO()
+        pstats.Stats(profiler, stream=text).sort_stats(key).print_stats(top)
+        print(text.getvalue().replace(str(pstats.__file__).rsplit("/", 1)[0], "<lib>"))
 
 
 if __name__ == "__main__":
