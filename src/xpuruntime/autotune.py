@@ -241,6 +241,12 @@ def _host_sampler(backend: Any, device: str, stream: Any) -> Callable[[Callable[
     return measure
 
 
+# The most host time a sample's sleep covers. A callable that synchronises (HF's BERT checks its mask on the
+# host) waits out the sleep, so its queueing time is the sleep plus its own: uncapped, the next sleep doubled
+# every sample (a zoo row ran for hours after 20 samples). Capped, such a sample costs at most 2 x 20 ms.
+MAX_HOST_US = 20_000.0
+
+
 def cuda_sampler(
     device: str, stream: Any, cold: bool = True, host_bound: bool = False
 ) -> Callable[[Callable[[], None]], float]:
@@ -273,7 +279,7 @@ def cuda_sampler(
         fn()
         queued_us = (time.perf_counter() - t0) * 1e6
         with contextlib.suppress(TypeError):  # a callable without weak references keeps the default
-            host_us[fn] = max(before * 0.9, queued_us)
+            host_us[fn] = min(max(before * 0.9, queued_us), MAX_HOST_US)
         end.record(on)
         end.synchronize()
         device_us = begin.elapsed_time(end) * 1000.0

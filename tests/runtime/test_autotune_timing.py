@@ -85,6 +85,23 @@ def test_without_the_device_sleep_the_host_latency_would_count(monkeypatch) -> N
     assert _median([measure(slow_to_queue) for _ in range(11)]) > 200.0
 
 
+def test_a_callable_that_synchronises_keeps_a_bounded_sleep() -> None:
+    """A call that waits for the device (a .item() inside, as HF's BERT checks its mask) waits out the sleep
+    queued before it, so its queueing time grows with the sleep: without a cap each sample slept twice as
+    long as the one before (the zoo's BERT row never finished). Thirty samples take seconds, not hours."""
+    x = torch.randn(1024, device="cuda")
+
+    def synchronising() -> None:
+        x.add_(1.0)
+        x.sum().item()
+
+    measure = autotune.cuda_sampler("cuda:0", torch.cuda.current_stream())
+    start = time.perf_counter()
+    samples = [measure(synchronising) for _ in range(30)]
+    assert time.perf_counter() - start < 30 * 2 * autotune.MAX_HOST_US / 1e6 + 5.0
+    assert all(s > 0 for s in samples)
+
+
 def test_samples_start_from_a_cold_l2_cache() -> None:
     """A 16 MB read fits the L2 of an H100 (50 MB): with the flush left out, each sample reads it from the
     L2 the previous one filled (1.5x faster on an H100: 10.9 against 16.4 µs)."""
