@@ -167,7 +167,6 @@ READERS_BY_ATTRIBUTE = {"read_bytes", "read_text", "load_model"}  # Path.read_*,
 READING_MODULES = {"np": {"load", "fromfile"}, "numpy": {"load", "fromfile"}, "onnx": {"load"}, "tomllib": {"load"}}
 # Known readers outside the opener, each with its owner; a fix removes its line (new readers are refused).
 KNOWN_GAPS = {
-    "onnx/importer.py": "helper onnx-core: load_model should read paths with files.read_bytes (a FIFO model hangs)",
     "pytorch/profiling.py": "helper torch-front: reads back the trace PyTorch's profiler just wrote",
     "bench/training.py": "reads the JSON results its own child processes wrote",
 }

@@ -103,6 +103,22 @@ def _load_seconds(n: int) -> float:
     return seconds
 
 
+@pytest.mark.skipif(not hasattr(__import__("os"), "mkfifo"), reason="no FIFOs on this OS")
+def test_a_model_path_that_is_no_regular_file_is_refused_unread(tmp_path) -> None:
+    """Issue 26 item 5: a FIFO given as a model waited for a writer for ever; a folder raised a raw error.
+    The importer reads paths through the checked opener, which refuses them by what they are."""
+    import os
+
+    fifo = tmp_path / "model.onnx"
+    os.mkfifo(fifo)
+    with pytest.raises(ModelLoadError, match=r"model\.onnx.*FIFO"):
+        InferenceSession(str(fifo))
+    with pytest.raises(ModelLoadError, match="folder"):
+        InferenceSession(str(tmp_path))
+    with pytest.raises(ModelLoadError, match=r"cannot read|does not exist|No such file"):
+        InferenceSession(str(tmp_path / "missing.onnx"))
+
+
 def test_a_chain_of_20k_relus_loads_in_linear_time() -> None:
     """Was 22.8 s for 10k and 79 s for 20k (quadratic); now about 1.3 and 2.4 s on a busy 2-core machine. Linear:
     four times the nodes take about four times as long (quadratic, sixteen)."""

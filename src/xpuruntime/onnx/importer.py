@@ -17,6 +17,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from .. import files
+from ..errors import FileError
 from ..graph.ir import Dim, Graph, GraphError, Node, Value
 from .dtypes import SUPPORTED_DTYPES, dtype_name
 from .errors import ModelLoadError, UnsupportedModelError
@@ -33,9 +35,10 @@ def load_model(source: Any) -> onnx.ModelProto:
     if isinstance(source, bytes | bytearray | memoryview):
         data, what = bytes(source), "model bytes"
     elif isinstance(source, str | os.PathLike):
-        try:
-            with open(source, "rb") as f:
-                data = f.read()
+        try:  # through the checked opener: a FIFO, a folder or a device is refused unread, not waited on
+            data = files.read_bytes(source, "ONNX model file")
+        except FileError as exc:
+            raise ModelLoadError(str(exc)) from None
         except OSError as exc:
             raise ModelLoadError(f"cannot read ONNX model file '{source}': {exc.strerror or exc}") from None
         what = f"ONNX model file '{source}'"
