@@ -2,8 +2,10 @@
 
 Plans, compiled kernels and library handles (nvmath matmul plans, Triton binaries) are made during the
 warm-up on a side stream, so nothing is planned, compiled or allocated outside the graph's pool while
-capturing. The wrapper keeps the captured inputs, outputs and the dispatcher's workspaces alive for
-as long as the graph can replay.
+capturing. Workspaces lent while capturing are fresh buffers of the graph's own pool
+(`WorkspaceManager.per_call`): a slice of the dispatcher's cached buffer would be freed when a later call
+grows that buffer, and each replay would write into memory the graph no longer owns. The wrapper keeps the
+captured inputs and outputs alive for as long as the graph can replay.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ def capture_graph(pool: Any = None, stream: torch.cuda.Stream | None = None) -> 
         record_range("xpuruntime.capture_graph"),
         _nvtx("xpuruntime.capture_graph"),
         torch.cuda.graph(graph, pool=pool, stream=stream),
+        get_dispatcher().workspaces.per_call(),
     ):
         yield graph
 
@@ -81,10 +84,11 @@ class CUDAGraphWrapper:
             record_range("xpuruntime.graph_capture"),
             _nvtx("xpuruntime.graph_capture"),
             torch.cuda.graph(graph, pool=self.pool),
+            get_dispatcher().workspaces.per_call(),
         ):
             self.outputs = fn(*args, **kwargs)
         self.graph = graph
-        self._keep_alive = (args, kwargs, get_dispatcher().workspaces)
+        self._keep_alive = (args, kwargs)
         return self.outputs
 
     def replay(self) -> Any:

@@ -212,7 +212,7 @@ class GpuRunner(Runner):
             plan, outputs = planner.build({v.name: t for v, t in zip(variant.inputs, tensors)})
         entry = GpuPlanEntry(plan, [o.clone() if hasattr(o, "clone") else o for o in outputs])
         if self.options.enable_cuda_graph and self.device.type == "cuda" and not plan.varying:
-            entry.capture(tensors)
+            entry.capture(tensors, self.dispatcher.workspaces)
         entry.nbytes = max(self._allocated() - before, 0)
         return entry
 
@@ -248,7 +248,11 @@ class GpuPlanEntry:
         self.static_outputs: list[Any] = []
         self.lock = threading.Lock()  # one replay at a time: the graph's inputs and outputs are shared
 
-    def capture(self, feeds: list[Any]) -> None:
+    def capture(self, feeds: list[Any], workspaces: Any) -> None:
+        """Capture the plan on copies of `feeds`. Workspaces lent while capturing are fresh buffers of the
+        graph's own pool (`workspaces.per_call()`): a slice of the dispatcher's cached buffer would be freed
+        when a later call grows that buffer, and every replay would write into memory no longer the graph's
+        (an illegal address once the allocator gave it back to the driver)."""
         cuda = _torch_module.cuda
         try:
             self.static_inputs = [t.clone() for t in feeds]
@@ -259,7 +263,7 @@ class GpuPlanEntry:
                     self.plan.run(self.static_inputs)
             cuda.current_stream().wait_stream(side)
             graph = cuda.CUDAGraph()
-            with cuda.graph(graph):
+            with cuda.graph(graph), workspaces.per_call():
                 self.static_outputs = self.plan.run(self.static_inputs)
             self.graph, self.note = graph, "CUDA graph captured"
         except Exception as exc:  # capture is an optimization: run eagerly and say why
