@@ -46,7 +46,7 @@ def run(glue: OpGlue, args: tuple, pinned: Pinned = IN_FORCE) -> Any:
     """The op's output(s) for `args` under the pinned policy, by the path that fits (module docstring)."""
     if torch.compiler.is_compiling() or not plain(*(a for a in args if isinstance(a, torch.Tensor))):
         return glue.custom_op(*args, pinned.key)
-    return EagerFunction.apply(glue, pinned, *args)
+    return _apply(glue, pinned, *args)
 
 
 class EagerFunction(torch.autograd.Function):
@@ -69,6 +69,11 @@ class EagerFunction(torch.autograd.Function):
             raise RuntimeError("xpuruntime's fused ops are differentiable once: create_graph=True is not supported")
         with eager_origin(), torch._C._DisableAutocast(), EAGER_BODY:
             return (None, None, *ctx.glue.backward(ctx, *grads)[:-1])
+
+
+# autograd.Function.apply without its Python wrapper, which binds default arguments and unwraps dead functorch
+# wrappers per argument (4-5 us a call): `plain` above has made sure that no functorch transform is active.
+_apply = super(torch.autograd.Function, EagerFunction).apply
 
 
 class _EagerBody:
