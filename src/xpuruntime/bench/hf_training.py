@@ -25,6 +25,10 @@ are the fastest at these shapes, and routing them costs host time). `patched_aut
 (`kinds=("linear_cross_entropy",)`) before compiling, leaving the norms, the MLP and the rotary embedding to
 inductor, which fuses them with their neighbours (an opaque custom op cannot be fused into).
 
+`graph` and `patched+graph` capture the whole step (forward, backward, fused AdamW with capturable=True) once
+with `xpuruntime.pytorch.CUDAGraphWrapper` and replay it: at these sizes an eager step is host-bound (the host
+queues kernels more slowly than the GPU runs them), and a replay costs the host one launch.
+
 As bench rows (`xpuruntime bench --only hf_training`), the patched eager and patched + compiled steps are timed
 against eager and compiled PyTorch, alternating step by step.
 """
@@ -81,6 +85,7 @@ class Variant:
     patch_policy: str | None = None
     kinds: tuple[str, ...] | None = None  # None: every swap
     liger: bool = False
+    graph: bool = False  # the whole step (forward, backward, AdamW) captured once by xpuruntime's CUDAGraphWrapper
     model: Any = None
     opt: Any = None
     step: Callable[[], Any] | None = None
@@ -112,6 +117,8 @@ def default_variants(model: str) -> list[Variant]:
         Variant("fused_cast", policy=EAGER_POLICY),
         Variant("reduce-overhead", compile="reduce-overhead"),
         Variant("reduce-overhead+patched", patch=True, patch_policy=PATCH_POLICY, compile="reduce-overhead"),
+        Variant("graph", graph=True),
+        Variant("patched+graph", policy=EAGER_POLICY, patch=True, patch_policy=PATCH_POLICY, graph=True),
     ]
     if model == "llama":
         variants.append(Variant("liger", liger=True))
@@ -193,7 +200,7 @@ def build(variant: Variant, model_name: str, state: dict, ids: Any, liger: Liger
             variant.skipped = f"liger-kernel: {type(exc).__name__}: {exc}"[:300]
             return
     runner = model if variant.compile is None else torch.compile(model, mode=variant.compile)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True, capturable=variant.graph)
 
     def step() -> Any:
         with torch.autocast("cuda", dtype=torch.bfloat16):
@@ -204,6 +211,39 @@ def build(variant: Variant, model_name: str, state: dict, ids: Any, liger: Liger
         return loss.detach()
 
     variant.model, variant.opt, variant.step = model, opt, step
+    if variant.graph:  # its peak is the capture's: replays allocate nothing (their memory is the graph's pool)
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        with running(variant, liger):
+            variant.step = captured_step(step, model, opt, state)
+        variant.peak_gib = (torch.cuda.max_memory_allocated() - base + param_bytes(model)) / 2**30
+
+
+def captured_step(step: Callable[[], Any], model: Any, opt: Any, state: dict) -> Callable[[], Any]:
+    """`step` captured once by xpuruntime.pytorch.CUDAGraphWrapper (after its warm-up steps), then replayed.
+    The warm-up and capture train the model, so the weights are loaded again and AdamW's state zeroed, in place
+    (the graph holds their addresses): the first replay is the same first step as the other variants'."""
+    import torch
+
+    import xpuruntime.pytorch as xtorch
+
+    wrapper = xtorch.CUDAGraphWrapper(warmup_iters=3)
+    loss = wrapper.capture(step)
+    torch.cuda.synchronize()
+    with torch.no_grad():
+        for name, tensor in model.state_dict().items():
+            tensor.copy_(state[name])
+        for values in opt.state.values():
+            for value in values.values():
+                if isinstance(value, torch.Tensor):
+                    value.zero_()
+
+    def replay() -> Any:
+        wrapper.replay()
+        return loss
+
+    return replay
 
 
 @contextlib.contextmanager
@@ -229,7 +269,8 @@ def loss_phase(variants: list[Variant], steps: int, liger: LigerSwitch) -> None:
                 torch.cuda.reset_peak_memory_stats()
                 v.losses = [float(v.step()) for _ in range(steps)]
                 torch.cuda.synchronize()
-                v.peak_gib = (torch.cuda.max_memory_allocated() - base + param_bytes(v.model)) / 2**30
+                if not v.graph:
+                    v.peak_gib = (torch.cuda.max_memory_allocated() - base + param_bytes(v.model)) / 2**30
         except Exception as exc:
             v.skipped = f"{type(exc).__name__}: {exc}"[:400]
             traceback.print_exc()
