@@ -66,6 +66,7 @@ class CUDAGraphWrapper:
 
     @property
     def captured(self) -> bool:
+        """Whether a call has been captured (replay() may run)."""
         return self.graph is not None
 
     def capture(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
