@@ -112,6 +112,10 @@ class KernelSpec:
     # (e.g. a library call that returns fresh tensors), so nothing is allocated for it or copied; given an
     # out=, it writes into it as every kernel does
     returns_output: bool = False
+    # True: the launch uses PyTorch operations and `backends.triton.common.launch` only (no host reads of tensor
+    # data, no library handles, no stream of its own), so torch.compile can trace it into a graph
+    # (runtime.traced: inductor then launches its Triton kernels from the code it generates)
+    traceable: bool = False
     doc: str = ""
 
     def __post_init__(self) -> None:
@@ -187,7 +191,7 @@ def _validate(spec: KernelSpec) -> None:
     priority = spec.priority
     if not isinstance(priority, numbers.Real) or isinstance(priority, bool) or priority != priority:
         raise _bad(spec, "priority", "a number", priority)
-    for field_name in ("fused", "tensor_cores", "deterministic", "returns_output"):
+    for field_name in ("fused", "tensor_cores", "deterministic", "returns_output", "traceable"):
         if not isinstance(getattr(spec, field_name), bool):
             raise _bad(spec, field_name, "True or False", getattr(spec, field_name))
     cc = spec.min_compute_capability

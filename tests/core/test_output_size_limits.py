@@ -191,8 +191,9 @@ def test_gpu_outputs_are_sized_before_allocation(op):
         "softmax": lambda: xrt.ops.softmax(B(rows, cols)),
         "matmul": lambda: xrt.ops.matmul(B(rows, 8), B(8, cols)),
         "layer_norm": lambda: xrt.ops.layer_norm(B(rows, cols), cols),
-        "attention": lambda: xrt.ops.attention(*(B(1, 8, rows, 64, dtype=torch.float16) for _ in range(2)),
-                                               B(1, 8, rows, 64, dtype=torch.float16)),
+        # the output has q's shape (flash attention never holds the L x S scores): 4096 heads of 2**19 queries
+        "attention": lambda: xrt.ops.attention(B(1, 4096, rows, 64, dtype=torch.float16),
+                                               *(B(1, 4096, 16, 64, dtype=torch.float16) for _ in range(2))),
         "autocast_linear": lambda: xrt.ops.autocast_linear(B(rows, 64), B(cols, 64), None, "bfloat16"),
     }  # fmt: skip
     with pytest.raises(OutOfMemoryError, match=rf"{op}: output of shape .* more than the .* cuda:\d has"):

@@ -38,7 +38,7 @@ LAYERS = [
         "custom_ops.linear_cross_entropy",
         "custom_ops.add_norm",
     },
-    {"custom_ops.eager"},
+    {"custom_ops.eager", "custom_ops.inline"},
     {"custom_ops.common"},
     {"router"},
     {"tuner"},

@@ -108,3 +108,23 @@ def test_the_patched_step_needs_less_memory():
         peaks[key] = torch.cuda.max_memory_allocated() - base
     logits = 4 * 1024 * 32000 * 2  # one bf16 copy of the logits; the unpatched step keeps several (and fp32 ones)
     assert peaks["patched"] < peaks["unpatched"] - logits, peaks
+
+
+def test_inductor_launches_the_fused_kernels_from_its_own_code():
+    """Compiled with inductor, the patched Llama's norms, SwiGLU and rotary embeddings are our Triton kernels,
+    traced into the graphs and launched from inductor's generated code (custom_ops.inline): no opaque
+    xpuruntime op is left for them, forward or backward. The LM head + loss (not traceable) stays one op."""
+    from torch._inductor.utils import run_and_get_code
+
+    torch._dynamo.reset()
+    model = _model("llama")
+    ids = torch.randint(0, model.config.vocab_size, (4, 512), device="cuda")
+    xtorch.patch(model, policy=_policy())
+    compiled = torch.compile(model)
+    _, sources = run_and_get_code(lambda: _step(compiled, model, ids))
+    code = "\n".join(sources)
+    for kernel in ("_norm_fwd_kernel", "_norm_bwd_kernel", "_glu_fwd_kernel", "_glu_bwd_kernel", "_rotary_kernel"):
+        assert kernel in code, kernel
+    for op in ("rms_norm", "rms_norm_backward", "swiglu", "swiglu_backward", "rotary_embedding"):
+        assert f"torch.ops.xpuruntime.{op}.default(" not in code, op
+    assert "torch.ops.xpuruntime.linear_cross_entropy.default(" in code

@@ -325,3 +325,26 @@ def test_only_compiled_calls_take_fresh_workspaces(monkeypatch):
     assert fresh == []
     torch.ops.xpuruntime.swiglu(gate.detach(), up, "")
     assert fresh == [1]
+
+
+@pytest.mark.parametrize("activation", ["silu", "none", "tanh"])
+@pytest.mark.parametrize("packed", [False, True])
+def test_glu_backward_formula_is_autograds(activation, packed):
+    """The fallback backward of swiglu / geglu (aten's activation backward kernels, traceable into graphs) equals
+    autograd through the forward formula, packed [gate | up] or not."""
+    from xpuruntime.pytorch.custom_ops import glu
+
+    torch.manual_seed(3)
+    gate = torch.randn(5, 14 if packed else 7, dtype=torch.float64)
+    up = None if packed else torch.randn(5, 7, dtype=torch.float64)
+    dy = torch.randn(5, 7, dtype=torch.float64)
+    leaves = [t.clone().requires_grad_() for t in (gate, up) if t is not None]
+    expected = torch.autograd.grad(
+        glu.formula(leaves[0], leaves[1] if up is not None else None, activation), leaves, dy
+    )
+    got = glu.formula_backward(dy, gate, up, activation)
+    torch.testing.assert_close(got[0], expected[0], rtol=1e-12, atol=1e-12)
+    if up is None:
+        assert got[1] is None
+    else:
+        torch.testing.assert_close(got[1], expected[1], rtol=1e-12, atol=1e-12)

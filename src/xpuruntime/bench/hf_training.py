@@ -21,9 +21,11 @@ and cuBLASLt for GPT-2's c_fc + GELU (bias and GELU in the GEMM's epilogue, the 
 epilogue). The policy in force around the step is `autocast_linear=fused_cast`, the best eager policy for the
 nn.Linear projections that stay PyTorch's (matmul and attention stay PyTorch's: cuBLAS and SDPA's cuDNN kernel
 are the fastest at these shapes, and routing them costs host time). `patched_auto` patches with no policy
-(automatic selection), to show what the selector picks alone. `patched_head+compile` patches only the head + loss
-(`kinds=("linear_cross_entropy",)`) before compiling, leaving the norms, the MLP and the rotary embedding to
-inductor, which fuses them with their neighbours (an opaque custom op cannot be fused into).
+(automatic selection), to show what the selector picks alone; compiled, it leaves the norms, the MLP's
+activation and the rotary embedding to inductor (no kernel named for them: `custom_ops.inline`), while
+`patched+compile` traces the Triton kernels PATCH_POLICY names into the graph. `patched_head+compile` patches
+only the head + loss (`kinds=("linear_cross_entropy",)`) before compiling, leaving the norms, the MLP and the
+rotary embedding to inductor, which fuses them with their neighbours (an opaque custom op cannot be fused into).
 
 `graph` and `patched+graph` capture the whole step (forward, backward, fused AdamW with capturable=True) once
 with `xpuruntime.pytorch.CUDAGraphWrapper` and replay it: at these sizes an eager step is host-bound (the host
@@ -106,6 +108,7 @@ def default_variants(model: str) -> list[Variant]:
         Variant("patched", policy=EAGER_POLICY, patch=True, patch_policy=PATCH_POLICY),
         Variant("patched_auto", patch=True),
         Variant("patched+compile", patch=True, patch_policy=PATCH_POLICY, compile="default"),
+        Variant("patched_auto+compile", patch=True, compile="default"),
         Variant(
             "patched_head+compile",
             patch=True,
@@ -117,6 +120,7 @@ def default_variants(model: str) -> list[Variant]:
         Variant("fused_cast", policy=EAGER_POLICY),
         Variant("reduce-overhead", compile="reduce-overhead"),
         Variant("reduce-overhead+patched", patch=True, patch_policy=PATCH_POLICY, compile="reduce-overhead"),
+        Variant("reduce-overhead+patched_auto", patch=True, compile="reduce-overhead"),
         Variant("graph", graph=True),
         Variant("patched+graph", policy=EAGER_POLICY, patch=True, patch_policy=PATCH_POLICY, graph=True),
     ]

@@ -8,7 +8,8 @@ The policy store is the core's; while the policy names a kernel for an op, that 
 overridden (see `install`), and nothing is installed otherwise. `patch(model)` puts the fused training ops
 into a Hugging Face model (see `patching`). Every routed op is also a torch.library
 custom op (`custom_ops`), which the routes emit into graphs that torch.compile traces (see `tracing` and
-`compiled`).
+`compiled`); where the chosen kernel is traceable, the fused ops' bodies are traced into the graph and
+inductor launches their Triton kernels itself (`custom_ops.inline`).
 
 The modules form layers, each importing only those below it (tests/pytorch/test_pytorch_layers.py checks):
 
@@ -20,7 +21,8 @@ The modules form layers, each importing only those below it (tests/pytorch/test_
     routes       the aten overrides, one file per op family
     tracing      decisions while a graph is traced; the routing guard; calls a policy cannot take
     custom_ops   the torch.library ops and their bodies, one file per op family (over custom_ops.eager, how
-                 the fused training ops run eagerly or compiled, and custom_ops.common)
+                 the fused training ops run eagerly or compiled, custom_ops.inline, how their kernels are
+                 traced into compiled graphs, and custom_ops.common)
     router       dispatching a routed call; which ops a policy steers; op families against the registry
     tuner        autotune's verdicts on routed calls and its hand-backs to PyTorch
     native       the C++ routes (native_routes.cpp)

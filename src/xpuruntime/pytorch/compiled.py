@@ -7,7 +7,7 @@
   reaches the matrix products' backend-key overrides, so this is where the matmul policy enters a graph.
   Inductor then calls our op as an extern kernel and schedules its own kernels around it.
 - A pre-grad pass (`pre_grad_custom_pass`) guards every frame inductor compiles on the routing
-  (`tracing.guard_routing`), also frames whose trace met no routed op: a graph compiled without a policy
+  (`router.guard_routing`), also frames whose trace met no routed op: a graph compiled without a policy
   recompiles once a policy steers its ops, instead of running PyTorch's kernels silently.
 
 Both chain with a pass the user had set (`inductor_pass.ChainedPass`: importable by name, so inductor can
@@ -34,8 +34,8 @@ import torch
 
 from ..abi import TensorSpec
 from ..policy import current_policy
-from .router import routed_ops
-from .tracing import guard_routing, in_graph
+from .router import guard_routing, routed_ops
+from .tracing import in_graph
 
 _CONFIG = "torch._inductor.config"
 _lock = threading.Lock()

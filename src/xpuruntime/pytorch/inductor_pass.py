@@ -10,13 +10,16 @@ inside a function cannot be pickled, so every compile bypassed the cache.
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import inspect
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
-from .tracing import routing_token
+from .router import routing_token
 
 VERSION = "xpuruntime-graph-pass-1"  # part of the uuid: a change in what the passes do invalidates caches
 
@@ -36,4 +39,21 @@ class ChainedPass(CustomGraphPass):
 
     def uuid(self) -> Any:
         chained = None if self.chained is None else getattr(self.chained, "uuid", lambda: None)()
-        return (VERSION, self.name, routing_token(), chained)
+        return (VERSION, traced_kernels_digest(), self.name, routing_token(), chained)
+
+
+@functools.cache
+def traced_kernels_digest() -> str:
+    """A hash of the source files of the kernels that graphs may trace (`KernelSpec.traceable`): part of every
+    cache key inductor and AOTAutograd compute under our passes, so no cache serves a graph traced from an
+    older kernel (the keys see the custom op, not the kernel that was traced into its place)."""
+    from .. import files
+    from ..registry import default_registry
+
+    sources = set()
+    for kernels in default_registry().kernels.values():
+        sources.update(inspect.getsourcefile(k.launch) or "" for k in kernels.values() if k.traceable)
+    digest = hashlib.sha256()
+    for name in sorted(f for f in sources if f):
+        digest.update(files.read_bytes(name, "kernel source"))
+    return digest.hexdigest()[:16]

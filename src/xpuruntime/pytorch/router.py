@@ -18,8 +18,10 @@ import warnings
 from collections.abc import Callable, Hashable, Iterator, Mapping
 from typing import Any, NamedTuple
 
-from .. import arguments
+from .. import arguments, log
 from .. import policy as core_policy
+from ..abi import ArgPack, TensorSpec
+from ..context import build_context
 from ..dispatch import LAUNCHING, default_dispatcher
 from ..errors import (
     ArgumentError,
@@ -32,6 +34,7 @@ from ..errors import (
     UnsupportedByPolicyError,
 )
 from ..policy import AUTOTUNE, KernelPolicy, current_policy
+from ..runtime.traced import NotTraceable, recording
 from . import native, tuner
 from .families import FAMILIES, FRONT_END_OPS, all_preferences, rebuilt
 from .state import STATE
@@ -166,6 +169,49 @@ def using(policy: KernelPolicy) -> Iterator[None]:
         yield
 
 
+# -- the routing compiled graphs depend on ------------------------------------------------------------
+
+
+def routing_token() -> tuple:
+    """What graphs compiled here depend on: each op the policy in force steers with the kernel it names
+    (or "autotune"), and strictness. Dynamo's guard compares it on every call of a compiled frame."""
+    policy = current_policy()
+    routed = routed_ops(policy)
+    key = (policy.fingerprint, routed)
+    token = STATE.tracing.tokens.get(key)
+    if token is None:
+        prefs = all_preferences(policy)
+        default = AUTOTUNE if policy.autotune else ""
+        token = (tuple(sorted((op, prefs.get(op, default)) for op in routed)), policy.strict)
+        if len(STATE.tracing.tokens) > 1024:
+            STATE.tracing.tokens.clear()
+        STATE.tracing.tokens[key] = token
+    return token
+
+
+def guard_routing() -> None:
+    """Inside Dynamo's compilation of a frame: make the compiled code valid only under today's routing."""
+    import torch
+
+    if not torch.compiler.is_compiling():
+        return
+    try:
+        from torch._dynamo.guards import GuardBuilder, install_guard
+        from torch._dynamo.source import AttrSource, CallFunctionNoArgsSource, ImportSource
+        from torch._guards import TracingContext
+    except ImportError:  # a PyTorch without these: graphs are not guarded (see `compiled_decisions`)
+        return
+    context = TracingContext.try_get()
+    if context is None or getattr(context.guards_context, "skip_install", False):
+        return
+    package, *path = __name__.split(".")  # __import__('xpuruntime') then attributes: xpuruntime.pytorch.router
+    source = ImportSource(package)
+    for name in (*path, "routing_token"):
+        source = AttrSource(source, name)
+    source = CallFunctionNoArgsSource(source)
+    install_guard(source.make_guard(GuardBuilder.EQUALS_MATCH))
+
+
 # -- dispatching --------------------------------------------------------------------------------------
 
 
@@ -178,6 +224,8 @@ def dispatch(
     weighs the routing cost for routed calls only, see `tuner.routed_view`) and keeps no workspace past
     its return (`WorkspaceManager.per_call`: inductor's CUDA graph pools must hold the graph's tensors only),
     unless it is a fused op's body run eagerly (`custom_ops.eager`), which lends workspaces as routed calls do."""
+    if STATE.threads.inlining:  # a fused op's body traced into a graph (custom_ops.inline)
+        return traced_dispatch(op, inputs, attrs, policy or current_policy())
     run = _router.run or get_dispatcher().run
     if STATE.tuner.families:
         tuner.note_call(op)
@@ -197,6 +245,95 @@ def dispatch(
         if warn:
             warn_no_kernel(op, str(exc).splitlines()[0], policy)
         return None
+
+
+def traced_dispatch(op: str, inputs: tuple, attrs: tuple, policy: KernelPolicy) -> Any:
+    """`dispatch` while a fused op's body is traced into a graph: the kernel is chosen now, once for this
+    signature, and its launch is traced (its Triton kernels become graph nodes that inductor launches from its
+    own code). None: the body traces PyTorch's formula instead, for inductor to fuse: no kernel of ours takes
+    the call, or the policy names none for it (`_inductor_chose`). Raises NotTraceable for symbolic shapes and
+    kernels that are not `traceable`; the decision is logged (origin "compile") and kept for
+    `compiled_decisions()`. An op under autotune stays opaque and is tuned at run time, as the route decided.
+    """
+    import torch
+
+    from ..explanation import Explanation
+
+    specs = tensor_specs(inputs)
+    if specs is None:
+        raise NotTraceable("symbolic shapes: decided at run time per concrete signature")
+    dispatcher = get_dispatcher()
+    try:
+        ctx = build_context(dispatcher.registry.op(op), specs, attrs, None, policy)
+        decision = dispatcher.selector.select(ctx, policy)
+    except NOT_OURS:
+        return _left_to_inductor(op, specs, "fallback")
+    except NoKernelError as exc:
+        warn_no_kernel(op, str(exc).splitlines()[0], policy, "tracing PyTorch's code for inductor instead")
+        return _left_to_inductor(op, specs, "fallback")
+    kernel = decision.kernel
+    if decision.reason == "fallback":
+        preferred = next(c for c in decision.candidates if c.kernel.name == decision.preferred)
+        why = f"'{decision.preferred}' cannot run {ctx.summary()}: {'; '.join(preferred.reasons)}"
+        warn_no_kernel(op, why, policy, "tracing PyTorch's code for inductor instead")
+    if decision.reason == "auto" and policy.tunes(op):  # the route chose our op by timing it: tuned at run time
+        raise NotTraceable("autotune times the candidates per signature at run time")
+    if decision.reason != "policy":  # see `_left_to_inductor`
+        return _left_to_inductor(op, specs, decision.reason)
+    if not kernel.traceable:
+        raise NotTraceable(f"{kernel.qualified_name} cannot be traced into a graph")
+    plan = dispatcher.make_plan(decision, policy)
+    remember_compiled(Explanation(ctx, policy, list(decision.candidates), decision, None, origin="compile"))
+    log.log_decision(plan, "compile")
+    out = None
+    if not plan.returns_output:
+        out = torch.empty(ctx.out_shape, dtype=getattr(torch, ctx.out_dtype), device=ctx.device)
+    workspace = None
+    if plan.workspace_bytes:
+        workspace = torch.empty(plan.workspace_bytes, dtype=torch.uint8, device=ctx.device)
+    with recording():
+        returned = plan.launch(ArgPack(inputs, out, plan.attrs, plan.config, workspace, None))
+    return returned if out is None else out
+
+
+def _left_to_inductor(op: str, specs: tuple, reason: str) -> None:
+    """None, logged as kernel "inductor": the traced body falls back to PyTorch's formula, which inductor fuses
+    with its neighbours. Also where the policy names no kernel for the op ("auto"): on a Llama training step,
+    inductor's code for the norms, SwiGLU and the rotary embedding measured faster than our kernels traced in
+    their place (BENCHMARKS.md, patched_auto+compile against patched+compile)."""
+    if log.OBSERVERS:
+        tensors = [s for s in specs if isinstance(s, TensorSpec)]
+        shapes = tuple(t.shape for t in tensors)
+        log.log_record(op, "inductor", "torch", reason, shapes, tensors[0].dtype if tensors else "", "compile")
+    return None
+
+
+def tensor_specs(args: tuple) -> tuple | None:
+    """TensorSpecs of traced tensors (other arguments as they are), or None when a shape or stride is symbolic
+    (never made concrete here: that would specialize the graph on it)."""
+    import torch
+
+    specs = []
+    for t in args:
+        if not isinstance(t, torch.Tensor):
+            specs.append(t)
+            continue
+        dims = (*t.shape, *t.stride())
+        if any(isinstance(n, torch.SymInt) for n in dims):
+            return None
+        specs.append(TensorSpec(tuple(t.shape), str(t.dtype).removeprefix("torch."), tuple(t.stride()), str(t.device)))
+    return tuple(specs)
+
+
+def remember_compiled(explanation: Any) -> None:
+    """Keep a compile-time decision (an Explanation, origin "compile") for `tracing.compiled_decisions()`."""
+    found = STATE.tracing.explanations
+    if len(found) >= MAX_COMPILED_DECISIONS:
+        del found[0]
+    found.append(explanation)
+
+
+MAX_COMPILED_DECISIONS = 256
 
 
 def fell_back(op: str, inputs: tuple, attrs: tuple, policy: KernelPolicy) -> bool:

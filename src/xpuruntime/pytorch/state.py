@@ -95,6 +95,7 @@ class _ThreadScopes(threading.local):
         self.multithreading: list[bool] = []  # autograd's multithreading flag as each scope found it
         self.native: list[bool] = []  # per open scope: told to the C++ routes?
         self.eager_bodies = 0  # fused ops' bodies running eagerly here (custom_ops.eager), not in a compiled graph
+        self.inlining = 0  # fused ops' bodies being traced into a graph here (custom_ops.inline)
 
 
 @dataclass

@@ -13,10 +13,12 @@ decomposition:
   against PyTorch's kernel on random inputs of the signature and puts our op in only where ours wins;
 - with symbolic shapes our op goes in and decides at run time per concrete signature (the plan cache).
 
-Every frame Dynamo compiles while xpuruntime.pytorch is loaded gets a guard on `routing_token()` (what
-the policy in force steers, with which kernels, and whether strictly): a graph compiled under another
+Every frame Dynamo compiles while xpuruntime.pytorch is loaded gets a guard on `router.routing_token()`
+(what the policy in force steers, with which kernels, and whether strictly): a graph compiled under another
 routing is never reused, so a policy change after compiling recompiles (Dynamo keeps each variant).
-The routes install it while they trace, and the inductor pass (`compiled`) for frames without routed ops.
+The routes and the fused ops install it while they trace, and the inductor pass (`compiled`) for frames
+without either. The fused ops decide their kernels later, when AOTAutograd traces their bodies
+(`custom_ops.inline`).
 """
 
 from __future__ import annotations
@@ -33,50 +35,19 @@ from ..abi import TensorSpec
 from ..errors import KernelFallbackWarning, UnsupportedByPolicyError, XpuRuntimeError
 from ..explanation import Explanation, explain_call
 from ..policy import AUTOTUNE, KernelPolicy, current_policy
-from .families import all_preferences
-from .router import NOT_OURS, family_policy, get_dispatcher, routed_ops
+from .router import (
+    NOT_OURS,
+    family_policy,
+    get_dispatcher,
+    guard_routing,
+    remember_compiled,
+    routing_token,
+    tensor_specs,
+)
 from .state import STATE
 
 _tracing = STATE.tracing
 _MAX_DECISIONS = 4096
-
-
-def routing_token() -> tuple:
-    """What graphs compiled here depend on: each op the policy in force steers with the kernel it names
-    (or "autotune"), and strictness. Dynamo's guard compares it on every call of a compiled frame."""
-    policy = current_policy()
-    routed = routed_ops(policy)
-    key = (policy.fingerprint, routed)
-    token = _tracing.tokens.get(key)
-    if token is None:
-        prefs = all_preferences(policy)
-        default = AUTOTUNE if policy.autotune else ""
-        token = (tuple(sorted((op, prefs.get(op, default)) for op in routed)), policy.strict)
-        if len(_tracing.tokens) > 1024:
-            _tracing.tokens.clear()
-        _tracing.tokens[key] = token
-    return token
-
-
-def guard_routing() -> None:
-    """Inside Dynamo's compilation of a frame: make the compiled code valid only under today's routing."""
-    if not torch.compiler.is_compiling():
-        return
-    try:
-        from torch._dynamo.guards import GuardBuilder, install_guard
-        from torch._dynamo.source import AttrSource, CallFunctionNoArgsSource, ImportSource
-        from torch._guards import TracingContext
-    except ImportError:  # a PyTorch without these: graphs are not guarded (see `compiled_decisions`)
-        return
-    context = TracingContext.try_get()
-    if context is None or getattr(context.guards_context, "skip_install", False):
-        return
-    package, *path = __name__.split(".")  # __import__('xpuruntime') then attributes: xpuruntime.pytorch.tracing
-    source = ImportSource(package)
-    for name in (*path, "routing_token"):
-        source = AttrSource(source, name)
-    source = CallFunctionNoArgsSource(source)
-    install_guard(source.make_guard(GuardBuilder.EQUALS_MATCH))
 
 
 def in_graph(op: str, head: str, args: tuple, attrs: dict[str, Any], why_not: str | None = None) -> bool:
@@ -87,7 +58,7 @@ def in_graph(op: str, head: str, args: tuple, attrs: dict[str, Any], why_not: st
     if why_not is not None:
         declined(head, why_not, policy, args, origin="compile")
         return False
-    specs = _specs(args)
+    specs = tensor_specs(args)
     if specs is None:
         return True  # symbolic shapes: decided at run time per concrete signature (the plan cache)
     key = (routing_token(), op, specs, tuple(sorted(attrs.items(), key=lambda kv: kv[0])))
@@ -100,28 +71,13 @@ def in_graph(op: str, head: str, args: tuple, attrs: dict[str, Any], why_not: st
     return chosen
 
 
-def _specs(args: tuple) -> tuple | None:
-    """TensorSpecs of the traced tensors (None stays None), or None when a shape or stride is symbolic (never
-    made concrete here: that would specialize the graph on it)."""
-    specs = []
-    for t in args:
-        if not isinstance(t, torch.Tensor):
-            specs.append(t)
-            continue
-        dims = (*t.shape, *t.stride())
-        if any(isinstance(n, torch.SymInt) for n in dims):
-            return None
-        specs.append(TensorSpec(tuple(t.shape), str(t.dtype).removeprefix("torch."), tuple(t.stride()), str(t.device)))
-    return tuple(specs)
-
-
 def _decide(op: str, head: str, specs: tuple, attrs: dict, policy: KernelPolicy, user: KernelPolicy) -> bool:
     """One call site's decision at compile time (see the module docstring)."""
     dispatcher = get_dispatcher()
     if policy.tunes(op):
         return _tuned(op, head, specs, attrs, policy, user)
     explanation = dataclasses.replace(explain_call(dispatcher, op, specs, policy, None, attrs), origin="compile")
-    _remember(explanation)
+    remember_compiled(explanation)
     if isinstance(explanation.error, UnsupportedByPolicyError):
         raise UnsupportedByPolicyError(f"while compiling a graph: {explanation.error}") from None
     if explanation.decision is None:  # no kernel of ours takes this call: PyTorch's code stays
@@ -185,16 +141,6 @@ def _log(dispatcher: Any, decision: Any, policy: KernelPolicy) -> None:
     if log.dispatch_logging_enabled():
         with contextlib.suppress(Exception):  # a launch config that needs real arrays: the decision stands, unlogged
             log.log_decision(dispatcher.make_plan(decision, policy), "compile")
-
-
-_MAX_EXPLANATIONS = 256
-
-
-def _remember(explanation: Explanation) -> None:
-    found = _tracing.explanations
-    if len(found) >= _MAX_EXPLANATIONS:
-        del found[0]
-    found.append(explanation)
 
 
 def compiled_decisions() -> list[Explanation]:

@@ -46,7 +46,7 @@ def _backward(args: ArgPack, kind: str) -> None:
         write_packed(args.out, [dgate[None], dup[None]])
 
 
-_HINTS = dict(backend="torch", dtypes=GPU_FLOAT_DTYPES, priority=20)
+_HINTS = dict(backend="torch", dtypes=GPU_FLOAT_DTYPES, priority=20, traceable=True)
 
 
 @kernel("swiglu", "torch", returns_output=True, **_HINTS)

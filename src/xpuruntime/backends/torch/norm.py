@@ -13,8 +13,13 @@ from ...abi import ArgPack
 from ...registry import kernel
 from .common import GPU_FLOAT_DTYPES, returned
 
+# PyTorch operations only: traceable into compiled graphs, where inductor fuses them with their neighbours
+_FORWARD: dict[str, Any] = dict(
+    backend="torch", dtypes=GPU_FLOAT_DTYPES, priority=20, returns_output=True, traceable=True
+)
 
-@kernel("layer_norm", "torch", backend="torch", dtypes=GPU_FLOAT_DTYPES, priority=20, returns_output=True)
+
+@kernel("layer_norm", "torch", **_FORWARD)
 def layer_norm_torch(args: ArgPack) -> Any:
     """F.layer_norm."""
     x, weight, bias = args.inputs
@@ -38,14 +43,14 @@ def rms_norm_formula(x: torch.Tensor, weight: torch.Tensor | None, at: Any) -> t
     return (x_hat * (weight.to(xf.dtype) + offset)).to(x.dtype)
 
 
-@kernel("rms_norm", "torch", backend="torch", dtypes=GPU_FLOAT_DTYPES, priority=20, returns_output=True)
+@kernel("rms_norm", "torch", **_FORWARD)
 def rms_norm_torch(args: ArgPack) -> Any:
     """F.rms_norm, or the Hugging Face module's formula (casting="llama", offset)."""
     x, weight = args.inputs
     return returned(args, rms_norm_formula(x, weight, args.attrs))
 
 
-@kernel("add_rms_norm", "torch", backend="torch", dtypes=GPU_FLOAT_DTYPES, priority=20, returns_output=True)
+@kernel("add_rms_norm", "torch", **_FORWARD)
 def add_rms_norm_torch(args: ArgPack) -> Any:
     """h = x + residual (into residual_out), then rms_norm_formula(h): two passes over memory."""
     x, residual, weight, h = args.inputs
@@ -53,7 +58,7 @@ def add_rms_norm_torch(args: ArgPack) -> Any:
     return returned(args, rms_norm_formula(h, weight, args.attrs))
 
 
-@kernel("add_layer_norm", "torch", backend="torch", dtypes=GPU_FLOAT_DTYPES, priority=20, returns_output=True)
+@kernel("add_layer_norm", "torch", **_FORWARD)
 def add_layer_norm_torch(args: ArgPack) -> Any:
     """h = x + residual (into residual_out), then F.layer_norm(h)."""
     x, residual, weight, bias, h = args.inputs

@@ -49,7 +49,7 @@ def _run(args: ArgPack, backward: bool) -> None:
         out.copy_(torch.cat(parts))
 
 
-_HINTS: dict[str, Any] = dict(backend="torch", dtypes=GPU_FLOAT_DTYPES, priority=20)
+_HINTS: dict[str, Any] = dict(backend="torch", dtypes=GPU_FLOAT_DTYPES, priority=20, traceable=True)
 
 
 @kernel("rotary_embedding", "torch", **_HINTS)

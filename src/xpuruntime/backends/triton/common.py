@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from ...context import DispatchContext
+from ...runtime.traced import RECORDING, NotTraceable
 from ..torch.common import empty as cuda_empty
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"  # kernels run on CPU tensors through Triton's interpreter
@@ -164,8 +165,13 @@ def _constexpr_tail(fn: Any, n_positional: int, constexprs: dict[str, Any]) -> t
 def launch(fn: Any, grid: tuple[int, ...], *args: Any, num_warps: int = 4, num_stages: int | None = None,
            **constexprs: Any) -> Any:  # fmt: skip
     """fn[grid](*args, **constexprs), with the compiled kernel reused directly after the first call.
-    Returns the compiled kernel (None under the interpreter)."""
+    Returns the compiled kernel (None under the interpreter, or while the launch is traced into a graph)."""
     options = {"num_warps": num_warps} if num_stages is None else {"num_warps": num_warps, "num_stages": num_stages}
+    if RECORDING.on:  # traced into a graph (runtime.traced): a node for inductor to compile and launch
+        if INTERPRET:
+            raise NotTraceable("Triton's interpreter runs kernels on the host")
+        torch.library.wrap_triton(fn)[grid](*args, **options, **constexprs)
+        return None
     if INTERPRET:
         fn[grid](*args, **options, **constexprs)
         return None

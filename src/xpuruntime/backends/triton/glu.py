@@ -154,7 +154,7 @@ def _run_backward(args: ArgPack) -> None:
 
 
 _HINTS = dict(backend="triton", dtypes=FLOAT_DTYPES, priority=30, launch_config=launch_config,
-              conditions=(no_negative_strides,))  # fmt: skip
+              conditions=(no_negative_strides,), traceable=True)  # fmt: skip
 
 
 @kernel("swiglu", "triton", **_HINTS)

@@ -90,6 +90,7 @@ def _norm_fwd_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ONE_PASS: tl.constexpr,
 ):  # fmt: skip
     """y = norm(x) (or h = x + residual, stored contiguous, and y = norm(h)); h is (M, N) row-major."""
+    eps, offset = tl.cast(eps, tl.float32), tl.cast(offset, tl.float32)  # fp32 also where inductor passes fp64
     pid = tl.program_id(0)
     if ONE_PASS:
         rows = (pid * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
@@ -149,6 +150,7 @@ def _norm_bwd_kernel(
 ):  # fmt: skip
     """dx (+ ds, the gradient reaching the normalized input from elsewhere, with HAS_DS) and per-program
     partial rows of dweight and dbias."""
+    eps, offset = tl.cast(eps, tl.float32), tl.cast(offset, tl.float32)  # fp32 also where inductor passes fp64
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
     cols = tl.arange(0, BLOCK_N).to(tl.int64)  # 64-bit offsets: cols * sxn may pass 2**31
@@ -406,7 +408,7 @@ def no_float64(ctx: DispatchContext) -> str | None:
     return None
 
 
-_HINTS = dict(backend="triton", dtypes=FLOAT_DTYPES, conditions=(no_negative_strides, no_float64))
+_HINTS = dict(backend="triton", dtypes=FLOAT_DTYPES, conditions=(no_negative_strides, no_float64), traceable=True)
 _BACKWARD = dict(launch_config=backward_launch_config, workspace_bytes=backward_workspace_bytes, **_HINTS)
 
 

@@ -171,7 +171,7 @@ def _run(args: ArgPack, backward: bool) -> None:
 
 
 _HINTS = dict(backend="triton", dtypes=FLOAT_DTYPES, priority=30, launch_config=launch_config,
-              conditions=(no_negative_strides,))  # fmt: skip
+              conditions=(no_negative_strides,), traceable=True)  # fmt: skip
 
 
 def no_float64_tables(ctx: DispatchContext) -> str | None:

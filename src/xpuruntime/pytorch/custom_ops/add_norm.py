@@ -23,6 +23,7 @@ from ...policy import KernelPolicy
 from ..router import IN_FORCE, Pinned, dispatch, pinned_policy
 from .common import autocast_float32, by_autograd, or_empty, pytorch_ran, unaliased
 from .eager import OpGlue, backward_call, custom_op_body, run
+from .inline import fused_custom_op
 
 
 def _norm(h: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float, options: tuple | None) -> Tensor:
@@ -76,7 +77,7 @@ def backward(
 # -- the custom ops ----------------------------------------------------------------------------------
 
 
-@torch.library.custom_op("xpuruntime::add_rms_norm", mutates_args=())
+@fused_custom_op("xpuruntime::add_rms_norm")
 def add_rms_norm_op(
     x: Tensor, residual: Tensor, weight: Tensor | None, eps: float | None, offset: float, casting: str, policy: str
 ) -> tuple[Tensor, Tensor]:
@@ -85,7 +86,7 @@ def add_rms_norm_op(
         return unaliased(forward(x, residual, weight, None, eps, (offset, casting), pinned_policy(policy)))
 
 
-@torch.library.custom_op("xpuruntime::add_layer_norm", mutates_args=())
+@fused_custom_op("xpuruntime::add_layer_norm")
 def add_layer_norm_op(
     x: Tensor, residual: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float, policy: str
 ) -> tuple[Tensor, Tensor]:
@@ -94,7 +95,7 @@ def add_layer_norm_op(
         return unaliased(forward(x, residual, weight, bias, eps, None, pinned_policy(policy)))
 
 
-@torch.library.custom_op("xpuruntime::add_rms_norm_backward", mutates_args=())
+@fused_custom_op("xpuruntime::add_rms_norm_backward")
 def add_rms_norm_backward_op(
     dy: Tensor, dh: Tensor | None, h: Tensor, weight: Tensor | None, eps: float | None, offset: float, casting: str,
     policy: str,
@@ -105,7 +106,7 @@ def add_rms_norm_backward_op(
         return unaliased((grads[0], or_empty(grads[1], h)))
 
 
-@torch.library.custom_op("xpuruntime::add_layer_norm_backward", mutates_args=())
+@fused_custom_op("xpuruntime::add_layer_norm_backward")
 def add_layer_norm_backward_op(
     dy: Tensor, dh: Tensor | None, h: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float, policy: str
 ) -> tuple[Tensor, Tensor, Tensor]:

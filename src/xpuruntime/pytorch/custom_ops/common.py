@@ -12,6 +12,8 @@ from ...abi import TensorSpec
 from ...arguments import freeze
 from ...context import build_context
 from ...policy import current_policy
+from ...runtime.traced import NotTraceable
+from ..state import STATE
 
 PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 
@@ -90,7 +92,10 @@ def unpack_norm_grads(result: Any, x: torch.Tensor, normalized_shape: tuple, par
 
 def unaliased(tensors: tuple) -> tuple:
     """Custom-op outputs must not share memory: gradients packed in one buffer (views of it, or tensors over
-    parts of one NumPy array) are copied apart; a tensor that owns all of its memory is passed on."""
+    parts of one NumPy array) are copied apart; a tensor that owns all of its memory is passed on. In a body
+    traced into a graph (`inline`), functionalization keeps views apart: outputs only need the fake's layout."""
+    if STATE.threads.inlining:
+        return tuple(t.contiguous() for t in tensors)
     return tuple(t if _owns_its_memory(t) else t.clone(memory_format=torch.contiguous_format) for t in tensors)
 
 
@@ -104,7 +109,9 @@ def by_autograd(formula: Any, inputs: tuple, grad_outputs: Any) -> tuple:
     """Gradients of `formula(*inputs)` (an output or a tuple of them) for `grad_outputs` (one per output, None
     for an output without one) by autograd: a fallback's backward where no kernel of ours runs. One gradient
     per input, None for an input that is not a floating tensor. Inside a custom op's body, call it under
-    `autograd_enabled()`."""
+    `autograd_enabled()`. Not in a body traced into a graph: that body stays opaque (`inline`)."""
+    if STATE.threads.inlining:
+        raise NotTraceable("a backward that differentiates PyTorch's formula")
     with torch.enable_grad():
         leaves = [t.detach().requires_grad_() if _floating(t) else t for t in inputs]
         outputs = formula(*leaves)
@@ -123,8 +130,8 @@ def _floating(t: Any) -> bool:
 
 def pytorch_ran(op: str, *tensors: Any) -> None:
     """Log that PyTorch's code ran `op` because no kernel of ours could take the call (kernel "torch", reason
-    "fallback"), if the dispatch log is on."""
-    if log.OBSERVERS:
+    "fallback"), if the dispatch log is on; in a body traced into a graph, `router.traced_dispatch` logged it."""
+    if log.OBSERVERS and not STATE.threads.inlining:
         present = [t for t in tensors if isinstance(t, torch.Tensor)]
         dtype = str(present[0].dtype).removeprefix("torch.") if present else ""
         shapes = tuple(tuple(t.shape) for t in present)

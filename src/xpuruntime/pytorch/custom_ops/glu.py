@@ -18,8 +18,9 @@ from torch import Tensor
 
 from ...policy import KernelPolicy
 from ..router import IN_FORCE, Pinned, dispatch, pinned_policy
-from .common import by_autograd, or_empty, pytorch_ran, unaliased
+from .common import or_empty, pytorch_ran, unaliased
 from .eager import OpGlue, backward_call, custom_op_body, run
+from .inline import fused_custom_op
 
 
 def formula(gate: Tensor, up: Tensor | None, activation: str) -> Tensor:
@@ -27,6 +28,20 @@ def formula(gate: Tensor, up: Tensor | None, activation: str) -> Tensor:
     if up is None:
         gate, up = gate.chunk(2, dim=-1)
     return (F.silu(gate) if activation == "silu" else F.gelu(gate, approximate=activation)) * up
+
+
+def formula_backward(dy: Tensor, gate: Tensor, up: Tensor | None, activation: str) -> tuple:
+    """(dgate, dup) by the kernels autograd runs for `formula` (aten's silu_backward / gelu_backward); for a packed
+    gate, (its gradient, None). PyTorch operations only, so a graph can hold them (`inline`)."""
+    g, u = gate.chunk(2, dim=-1) if up is None else (gate, up)
+    act = F.silu(g) if activation == "silu" else F.gelu(g, approximate=activation)
+    du = dy * u
+    if activation == "silu":
+        dg = torch.ops.aten.silu_backward(du, g)
+    else:
+        dg = torch.ops.aten.gelu_backward(du, g, approximate=activation)
+    dup = dy * act
+    return (torch.cat([dg, dup], dim=-1), None) if up is None else (dg, dup)
 
 
 def forward(gate: Tensor, up: Tensor | None, activation: str, policy: KernelPolicy) -> Tensor:
@@ -45,28 +60,28 @@ def backward(dy: Tensor, gate: Tensor, up: Tensor | None, activation: str, polic
     packed = dispatch(op, (dy, gate, up), attrs, policy=policy, routed=False)
     if packed is None:
         pytorch_ran(op, dy, gate, up)
-        return by_autograd(lambda g, u: formula(g, u, activation), (gate, up), dy)
+        return formula_backward(dy, gate, up, activation)
     return (packed, None) if up is None else (packed[0], packed[1])
 
 
 # -- the custom ops ----------------------------------------------------------------------------------
 
 
-@torch.library.custom_op("xpuruntime::swiglu", mutates_args=())
+@fused_custom_op("xpuruntime::swiglu")
 def swiglu_op(gate: Tensor, up: Tensor | None, policy: str) -> Tensor:
     """silu(gate) * up through the selector (up=None: gate packs [gate | up])."""
     with custom_op_body():
         return unaliased((forward(gate, up, "silu", pinned_policy(policy)),))[0]
 
 
-@torch.library.custom_op("xpuruntime::geglu", mutates_args=())
+@fused_custom_op("xpuruntime::geglu")
 def geglu_op(gate: Tensor, up: Tensor | None, approximate: str, policy: str) -> Tensor:
     """gelu(gate, approximate) * up through the selector (up=None: gate packs [gate | up])."""
     with custom_op_body():
         return unaliased((forward(gate, up, approximate, pinned_policy(policy)),))[0]
 
 
-@torch.library.custom_op("xpuruntime::swiglu_backward", mutates_args=())
+@fused_custom_op("xpuruntime::swiglu_backward")
 def swiglu_backward_op(dy: Tensor, gate: Tensor, up: Tensor | None, policy: str) -> tuple[Tensor, Tensor]:
     """(dgate, dup) of swiglu; for a packed gate, its gradient and an empty tensor."""
     with custom_op_body():
@@ -74,7 +89,7 @@ def swiglu_backward_op(dy: Tensor, gate: Tensor, up: Tensor | None, policy: str)
         return unaliased((dgate, or_empty(dup, gate)))
 
 
-@torch.library.custom_op("xpuruntime::geglu_backward", mutates_args=())
+@fused_custom_op("xpuruntime::geglu_backward")
 def geglu_backward_op(
     dy: Tensor, gate: Tensor, up: Tensor | None, approximate: str, policy: str
 ) -> tuple[Tensor, Tensor]:

@@ -45,6 +45,7 @@ from .common import (
     unpack_norm_grads,
 )
 from .eager import OpGlue, backward_call, custom_op_body, run
+from .inline import fused_custom_op
 
 TORCH_KERNEL = "torch"  # the policy name that means "PyTorch's own kernel" for these ops
 _LAYER_NORM = torch.ops.aten.layer_norm.default
@@ -209,7 +210,7 @@ def backward_body(
     return grads
 
 
-@torch.library.custom_op("xpuruntime::layer_norm", mutates_args=())
+@fused_custom_op("xpuruntime::layer_norm")
 def layer_norm_op(
     input: Tensor, normalized_shape: Sequence[int], weight: Tensor | None, bias: Tensor | None, eps: float,
     policy: str = "",
@@ -226,7 +227,7 @@ def _(input, normalized_shape, weight, bias, eps, policy=""):
     return input.new_empty(input.shape)
 
 
-@torch.library.custom_op("xpuruntime::layer_norm_backward", mutates_args=())
+@fused_custom_op("xpuruntime::layer_norm_backward")
 def layer_norm_backward_op(
     dy: Tensor, input: Tensor, normalized_shape: Sequence[int], weight: Tensor | None, bias: Tensor | None,
     eps: float, policy: str = "",
@@ -245,7 +246,7 @@ def _(dy, input, normalized_shape, weight, bias, eps, policy=""):
     return input.new_empty(input.shape), dw, db
 
 
-@torch.library.custom_op("xpuruntime::rms_norm", mutates_args=())
+@fused_custom_op("xpuruntime::rms_norm")
 def rms_norm_op(
     input: Tensor, normalized_shape: Sequence[int], weight: Tensor | None, eps: float | None, offset: float = 0.0,
     casting: str = "torch", policy: str = "",
@@ -262,7 +263,7 @@ def _(input, normalized_shape, weight, eps, offset=0.0, casting="torch", policy=
     return input.new_empty(input.shape)
 
 
-@torch.library.custom_op("xpuruntime::rms_norm_backward", mutates_args=())
+@fused_custom_op("xpuruntime::rms_norm_backward")
 def rms_norm_backward_op(
     dy: Tensor, input: Tensor, normalized_shape: Sequence[int], weight: Tensor | None, eps: float | None,
     offset: float = 0.0, casting: str = "torch", policy: str = "",

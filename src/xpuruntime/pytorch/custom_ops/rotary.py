@@ -24,6 +24,7 @@ from ...policy import KernelPolicy
 from ..router import IN_FORCE, Pinned, dispatch, pinned_policy
 from .common import pytorch_ran, unaliased
 from .eager import OpGlue, backward_call, custom_op_body, run
+from .inline import fused_custom_op
 
 
 def formula(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, position_ids: Tensor | None, unsqueeze_dim: int,
@@ -62,7 +63,7 @@ def backward(dq: Tensor, dk: Tensor, cos: Tensor, sin: Tensor, position_ids: Ten
 # -- the custom ops ----------------------------------------------------------------------------------
 
 
-@torch.library.custom_op("xpuruntime::rotary_embedding", mutates_args=())
+@fused_custom_op("xpuruntime::rotary_embedding")
 def rotary_embedding_op(
     q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, position_ids: Tensor | None, unsqueeze_dim: int,
     interleaved: bool, policy: str,
@@ -72,7 +73,7 @@ def rotary_embedding_op(
         return unaliased(forward(q, k, cos, sin, position_ids, unsqueeze_dim, interleaved, pinned_policy(policy)))
 
 
-@torch.library.custom_op("xpuruntime::rotary_embedding_backward", mutates_args=())
+@fused_custom_op("xpuruntime::rotary_embedding_backward")
 def rotary_embedding_backward_op(
     dq: Tensor, dk: Tensor, cos: Tensor, sin: Tensor, position_ids: Tensor | None, unsqueeze_dim: int,
     interleaved: bool, policy: str,
