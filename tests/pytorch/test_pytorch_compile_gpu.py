@@ -80,9 +80,12 @@ def test_compiled_step_runs_the_policys_kernels_forward_and_backward():
     xrt.enable_dispatch_logging()
     loss, grads = _step(compiled, model, x)
     ran = collections.Counter((r.op_name, r.selected_kernel, r.origin) for r in xrt.get_dispatch_logs())
-    for op, kernel in (("attention_forward", policy["attention"]), ("attention_backward", policy["attention"]),
-                       ("layer_norm", "triton"), ("layer_norm_backward", "triton"), ("rms_norm", "triton")):  # fmt: skip
-        assert ran[(op, kernel, "graph")] >= 1, (op, kernel, dict(ran))
+    # flash attention runs as our op when the graph runs; the norms' Triton kernels were traced into the graph
+    # (custom_ops.inline: chosen while compiling, launched by inductor's code, so never dispatched at run time)
+    for op in ("attention_forward", "attention_backward"):
+        assert ran[(op, policy["attention"], "graph")] >= 1, (op, dict(ran))
+    for op in ("layer_norm", "layer_norm_backward", "rms_norm"):
+        assert ran[(op, "triton", "compile")] >= 1 and not ran[(op, "triton", "graph")], (op, dict(ran))
     if "matmul" in policy:  # forward: addmm as linear; backward: mm as matmul; nothing else ran a product
         assert ran[("linear", "cublasLt", "graph")] >= 1 and ran[("matmul", "cublasLt", "graph")] >= 1, dict(ran)
         others = {(op, k) for op, k, origin in ran if op in ("matmul", "linear") and k != "cublasLt"}
