@@ -7,6 +7,7 @@ input (or explicit padding, with count_include_pad) in each window."""
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any
 
@@ -59,6 +60,19 @@ def _indices(arg: np.ndarray, x_shape: tuple[int, ...], win: Window, column_majo
     return flat + planes * math.prod(spatial)
 
 
+def _max_over_taps(view: np.ndarray, win: Window) -> np.ndarray:
+    """The windows' maxima as one np.maximum per kernel tap over (N, C, *out) slices: NumPy reduces a strided
+    window view over several small axes slowly (ResNet-50's 3x3 stride-2 pool took 22 ms at batch 1, this ~1)."""
+    out = None
+    for tap in itertools.product(*(range(k) for k in win.kernel)):
+        cells = view[(Ellipsis, *tap)]
+        if out is None:
+            out = cells.copy()
+        else:
+            np.maximum(out, cells, out=out)
+    return out
+
+
 def max_pool(node: Node, opset: int) -> Fn:
     column_major = bool(node.attrs.get("storage_order", 0))
     want_indices = len(node.outputs) > 1 and bool(node.outputs[1])
@@ -68,7 +82,7 @@ def max_pool(node: Node, opset: int) -> Fn:
         padded = np.pad(x, [(0, 0), (0, 0), *win.widths()], constant_values=_lowest(x.dtype))
         view = numpy_windows(padded, win)
         if not want_indices:
-            return (view.max(axis=_kernel_axes(win)),)
+            return (_max_over_taps(view, win),)
         flat = view.reshape(*view.shape[: 2 + len(win.out)], -1)
         arg = flat.argmax(axis=-1)
         values = np.take_along_axis(flat, arg[..., None], axis=-1)[..., 0]
