@@ -159,3 +159,14 @@ def test_benchmarks_md_is_what_the_committed_result_files_give(tmp_path, capsys)
         for link in (part.split(")")[0] for part in line.split("](")[1:]):
             assert link.startswith("#") or (root / link).is_file(), link
     assert not out.exists()
+
+
+def test_the_commit_can_be_given_where_git_cannot_tell(monkeypatch):
+    """A copy of the tree on a GPU machine may sit in no repository or a stale one: XPURUNTIME_COMMIT names it."""
+    from xpuruntime.bench import report
+
+    monkeypatch.setenv("XPURUNTIME_COMMIT", "given-by-the-caller")
+    assert report.commit() == "given-by-the-caller"
+    monkeypatch.delenv("XPURUNTIME_COMMIT")
+    found = report.commit()
+    assert found != "given-by-the-caller"

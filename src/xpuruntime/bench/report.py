@@ -74,7 +74,11 @@ def versions() -> dict[str, str | None]:
 
 def commit() -> str | None:
     """The git commit of the checkout this package runs from ("+dirty" with uncommitted changes), or None when
-    it is not run from a checkout (an installed wheel)."""
+    it is not run from a checkout (an installed wheel). XPURUNTIME_COMMIT overrides it: a copy of the tree on
+    another machine may sit in no repository, or in a stale one (a GPU run once named last session's commit)."""
+    given = os.environ.get("XPURUNTIME_COMMIT", "").strip()
+    if given:
+        return given
     here = Path(__file__).resolve().parent
 
     def git(*args: str) -> str:
