@@ -275,3 +275,26 @@ def test_linear_cross_entropy(rng, monkeypatch, dtype, case) -> None:
             for got, want in zip(in_pass, gradients_reference(1.0, *args64, *options)):
                 if got is not None:
                     assert_close(got, want, dtype, tol)
+
+
+@kernel_test
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_linear_cross_entropy_half_gradients_do_not_underflow(rng, reduction) -> None:
+    """A small loss gradient shared by every row (1e-3 per row here; "mean" over thousands of rows gives such): the
+    fp16 logit gradients of a large vocabulary would fall below fp16's smallest subnormal if they carried it, so it
+    is applied after the GEMMs, in fp32. The hidden states' gradient keeps fp16's rounding of float64's."""
+    rows, vocab = size(256, 3), size(32000, 40_001)
+    hidden = make(rng, (rows, HIDDEN), "float16")
+    weight = make(rng, (vocab, HIDDEN), "float16", scale=HIDDEN**-0.5)
+    target = rng.integers(0, vocab, rows)
+    target_d = torch.tensor(target, device="cuda") if ON_GPU else target
+    options = (-100, 0.0, reduction, 0.0)
+    g = np.asarray(1e-3 * (rows if reduction == "mean" else 1), np.float32)
+    args64 = (f64(hidden), f64(weight), target, None)
+    want = gradients_reference(f64(g), *args64, *options)[0]
+    with strict(linear_cross_entropy_backward="triton"):
+        grad_loss = torch.tensor(g, device="cuda") if ON_GPU else g
+        got = xrt.ops.linear_cross_entropy_backward(grad_loss, hidden, weight, target_d, None, *options)[0]
+    got = got.float().cpu().numpy() if ON_GPU else np.asarray(got, np.float64)
+    scale = float(np.abs(want).max())
+    assert float(np.abs(got - want).max()) <= 2e-3 * scale

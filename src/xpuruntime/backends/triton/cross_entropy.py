@@ -163,10 +163,17 @@ class _Chunks:
         return (g.reshape(self.n).contiguous(), 1) if g.dim() else (g, 0)
 
     def run(self, losses: torch.Tensor | None, scale: tuple[torch.Tensor, int] | None, grads: tuple) -> None:
-        """Every chunk: logits, row kernel, and the gradient GEMMs for the buffers in `grads`."""
+        """Every chunk: logits, row kernel, and the gradient GEMMs for the buffers in `grads`.
+
+        A factor shared by every row ("mean" / "sum" of a scalar loss) is applied in fp32 after the GEMMs, not to
+        the logit gradients: "mean" over thousands of rows would flush fp16 logit gradients (~1 / (V * rows)) to
+        zero. Per-row factors (reduction "none") go into the logit gradients."""
         grad_hidden, grad_weight, grad_bias = grads
         step = self.logits.shape[0]
-        accumulators = [self._accumulator(g, step) for g in (grad_weight, grad_bias)]
+        factor = scale[0] if scale is not None and not scale[1] else None
+        if factor is not None:
+            scale = (torch.ones((), dtype=torch.float32, device=factor.device), 0)
+        accumulators = [self._accumulator(g, step, factor) for g in (grad_weight, grad_bias)]
         for start in range(0, self.n, step):
             rows = self.hidden[start : start + step]
             z = self.logits[: rows.shape[0]]
@@ -178,24 +185,30 @@ class _Chunks:
             if scale is None:
                 continue
             if grad_hidden is not None:
-                torch.mm(z, self.weight, out=grad_hidden.view(self.n, self.width)[start : start + rows.shape[0]])
+                out_rows = grad_hidden.view(self.n, self.width)[start : start + rows.shape[0]]
+                torch.mm(z, self.weight, out=out_rows)
+                _scaled(out_rows, factor)
             if accumulators[0] is not None:
                 self._accumulate(accumulators[0], grad_weight, z.t(), rows, start)
             if accumulators[1] is not None:
                 self._accumulate(accumulators[1], grad_bias, z.t(), None, start)
         for acc, buffer in zip(accumulators, (grad_weight, grad_bias)):
-            if acc is not None and acc is not buffer:
+            if acc is None:
+                continue
+            _scaled(acc, factor)
+            if acc is not buffer:
                 buffer.copy_(acc[: self.vocab])
 
-    def _accumulator(self, buffer: torch.Tensor | None, step: int) -> torch.Tensor | None:
-        """Where a parameter gradient sums over chunks: the buffer itself when it is fp32 or there is one chunk
-        (and the vocabulary was not padded)."""
+    def _accumulator(self, buffer: torch.Tensor | None, step: int, factor: Any) -> torch.Tensor | None:
+        """Where a parameter gradient sums over chunks: the buffer itself when it is fp32, or when there is one
+        chunk and no shared factor to apply after it (and the vocabulary was not padded); else an fp32 sum."""
         if buffer is None:
             return None
         padded = self.weight.shape[0]
-        if padded == self.vocab and (buffer.dtype == torch.float32 or self.n <= step):
+        single = self.n <= step and factor is None
+        if padded == self.vocab and (buffer.dtype == torch.float32 or single):
             return buffer.zero_()
-        dtype = buffer.dtype if self.n <= step else torch.float32
+        dtype = buffer.dtype if single else torch.float32
         return torch.zeros((padded, *buffer.shape[1:]), dtype=dtype, device=buffer.device)
 
     def _accumulate(self, acc: torch.Tensor, buffer: torch.Tensor, dz_t: torch.Tensor, rows: Any, start: int) -> None:
@@ -218,6 +231,17 @@ class _Chunks:
             HAS_LOSS=losses is not None, HAS_GRAD=scale is not None, ONE_PASS=p["ONE_PASS"], BLOCK_V=p["BLOCK_V"],
             num_warps=p["num_warps"],
         )  # fmt: skip
+
+
+def _scaled(t: torch.Tensor, factor: torch.Tensor | None) -> None:
+    """t *= factor (a 0-d fp32 device tensor), computed in fp32 whatever t's dtype (a half t would take the factor
+    in its own dtype, where a tiny one is zero)."""
+    if factor is None:
+        return
+    if t.dtype == torch.float32:
+        t.mul_(factor)
+    else:
+        t.copy_(t.float().mul_(factor))
 
 
 def _padded_rows(t: torch.Tensor | None, vocab: int) -> torch.Tensor | None:
