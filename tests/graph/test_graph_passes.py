@@ -14,6 +14,7 @@ from xpuruntime.graph.passes import (
     PassContext,
     attention_fusion,
     constant_folding,
+    conv_activation_fusion,
     cse,
     dead_code,
     elementwise_fusion,
@@ -201,6 +202,46 @@ def test_linear_fusion() -> None:
     gpu = lambda graph, c: linear_fusion.run(graph, PassContext(c.available_ops, "cuda"))  # noqa: E731
     out = check_pass(g, gpu, feeds)
     assert [n.op for n in out.nodes] == ["linear"] and out.nodes[0].attrs["activation"] == "relu"
+
+
+ACTIVATIONS = [  # (node, its constants): every activation the fused Conv applies
+    (helper.make_node("Relu", ["c"], ["y"]), {}),
+    (helper.make_node("LeakyRelu", ["c"], ["y"], alpha=0.2), {}),
+    (helper.make_node("Sigmoid", ["c"], ["y"]), {}),
+    (helper.make_node("Tanh", ["c"], ["y"]), {}),
+    (helper.make_node("HardSigmoid", ["c"], ["y"], alpha=0.3, beta=0.4), {}),
+    (helper.make_node("HardSwish", ["c"], ["y"]), {}),
+    (helper.make_node("Clip", ["c", "lo", "hi"], ["y"]), {"lo": np.float32(-0.5), "hi": np.float32(0.75)}),
+    (helper.make_node("Clip", ["c", "", "hi"], ["y"]), {"hi": np.float32(0.75)}),
+]
+
+
+@pytest.mark.parametrize("torch_kernels", [True, False], ids=["pytorch", "numpy"])
+@pytest.mark.parametrize("case", range(len(ACTIVATIONS)))
+def test_conv_activation_fusion(case: int, torch_kernels: bool, monkeypatch) -> None:
+    """A Conv (odd sizes, groups, strides, asymmetric pads, a bias) and the activation after it become one
+    FusedConv whose outputs equal the two nodes', through PyTorch's CPU kernels and through NumPy."""
+    from xpuruntime.onnx.ops import conv as conv_ops
+
+    monkeypatch.setattr(conv_ops, "CPU_TORCH", torch_kernels and conv_ops.CPU_TORCH)
+    act, consts = ACTIVATIONS[case]
+    w, b = rng.standard_normal((6, 2, 3, 2)).astype(np.float32), rng.standard_normal(6).astype(np.float32)
+    conv = helper.make_node("Conv", ["x", "w", "b"], ["c"], group=2, strides=[2, 1], pads=[1, 0, 0, 1])
+    g = model([conv, act], [vi("x", [2, 4, 7, 5])], [vi("y", [2, 6, 3, 5])], {"w": w, "b": b, **consts})
+    feeds = {"x": rng.standard_normal((2, 4, 7, 5)).astype(np.float32) * 3}
+    out = check_pass(g, conv_activation_fusion.run, feeds)
+    assert [n.op for n in out.nodes] == ["FusedConv"] and out.nodes[0].attrs["activation"] == act.op_type
+
+
+def test_conv_activation_fusion_leaves_a_shared_output_and_a_computed_bound() -> None:
+    w = rng.standard_normal((3, 3, 1, 1)).astype(np.float32)
+    shared = [helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node("Relu", ["c"], ["r"]),
+              helper.make_node("Add", ["r", "c"], ["y"])]  # fmt: skip
+    computed = [helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node("ReduceMax", ["x"], ["m"], keepdims=0),
+                helper.make_node("Clip", ["c", "", "m"], ["y"])]  # fmt: skip
+    for nodes in (shared, computed):
+        g = model(nodes, [vi("x", [1, 3, 4, 4])], [vi("y", [1, 3, 4, 4])], {"w": w})
+        assert conv_activation_fusion.run(g, ctx()) == 0
 
 
 def projections(biased: bool, k: int = 6) -> tuple[list, dict]:

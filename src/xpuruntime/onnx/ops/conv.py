@@ -122,6 +122,76 @@ def conv_torch(node: Node, opset: int) -> Fn:
 op("Conv", conv, conv_torch, check=check_auto_pad)
 
 
+# -- FusedConv (graph/passes/conv_activation_fusion): Conv, then its activation in place ------------------------
+def _activate_torch(y: Any, activation: str, params: list[float]) -> Any:
+    """The activation applied in place to a fresh convolution output (a tensor)."""
+    if activation == "Relu":
+        return y.relu_()
+    if activation == "LeakyRelu":
+        return F.leaky_relu_(y, params[0])
+    if activation == "Sigmoid":
+        return y.sigmoid_()
+    if activation == "Tanh":
+        return y.tanh_()
+    if activation == "HardSwish":
+        return F.hardswish(y, inplace=True)
+    if activation == "HardSigmoid":
+        return y.mul_(params[0]).add_(params[1]).clamp_(0.0, 1.0)
+    return y.clamp_(params[0], params[1])  # Clip
+
+
+def _activate_numpy(y: np.ndarray, activation: str, params: list[float]) -> np.ndarray:
+    """The same in NumPy, in place (ONNX's formulas)."""
+    one = y.dtype.type
+    if activation == "Relu":
+        np.maximum(y, 0, out=y)
+    elif activation == "LeakyRelu":
+        np.copyto(y, np.where(y < 0, y * one(params[0]), y))
+    elif activation == "Sigmoid":
+        np.copyto(y, 1 / (1 + np.exp(-y)))
+    elif activation == "Tanh":
+        np.tanh(y, out=y)
+    elif activation == "HardSwish":
+        np.multiply(y, np.clip(y / one(6) + one(0.5), 0, 1), out=y)
+    elif activation == "HardSigmoid":
+        np.clip(y * one(params[0]) + one(params[1]), 0, 1, out=y)
+    else:  # Clip
+        np.clip(y, params[0], params[1], out=y)
+    return y
+
+
+def _activation_of(node: Node) -> tuple[str, list[float]]:
+    return str(node.attrs["activation"]), [float(p) for p in node.attrs.get("activation_params", ())]
+
+
+def fused_conv(node: Node, opset: int) -> Fn:
+    activation, params = _activation_of(node)
+    on_cpu_torch = _CpuTorch()
+
+    def run(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
+        win, group = conv_window(node, x, w)
+        if CPU_TORCH and _torch_conv(len(win.out)) is not None:
+            convolve = lambda *t: _activate_torch(conv_with_torch(*t, win, group), activation, params)  # noqa: E731
+            return on_cpu_torch(convolve, x, w, b)
+        y = conv_im2col(x.astype(np.float32) if x.dtype == np.float16 else x, w.astype(x.dtype), b, win, group)
+        return _activate_numpy(np.ascontiguousarray(y), activation, params).astype(x.dtype, copy=False)
+
+    return run
+
+
+def fused_conv_torch(node: Node, opset: int) -> Fn:
+    activation, params = _activation_of(node)
+
+    def run(x: Any, w: Any, b: Any = None) -> Any:
+        win, group = conv_window(node, x, w)
+        return _activate_torch(conv_with_torch(x, w, b, win, group), activation, params)
+
+    return run
+
+
+op("FusedConv", fused_conv, fused_conv_torch, check=check_auto_pad)
+
+
 # -- ConvTranspose --------------------------------------------------------------------------------------------------
 def transpose_geometry(node: Node, x: Any, w: Any) -> tuple[dict, int]:
     """ConvTranspose's strides, dilations, output_padding and pads (begin, end) for this input, and its group."""
