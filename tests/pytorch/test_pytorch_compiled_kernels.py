@@ -164,3 +164,25 @@ def test_an_op_the_policy_does_not_name_is_left_to_inductor():
         assert {("swiglu", "inductor", "compile"), ("swiglu_backward", "test_swiglu", "compile")} <= records
         assert "xpuruntime.swiglu.default" not in _targets(backend.fw_graphs[0])
         assert "aten.silu.default" in _targets(backend.fw_graphs[0])
+
+
+def test_a_kernel_that_fails_to_trace_leaves_the_op_opaque_with_a_warning():
+    """A kernel declared traceable that reads tensor data on the host (here `.numpy()`, which the tracer's tensors
+    refuse): the compilation still succeeds, with one KernelFallbackWarning; the op runs as one node."""
+
+    def host_reading_swiglu(args):
+        gate, up, out = _tensors(args)
+        gate.numpy()  # a host read: fine at run time on CPU tensors, impossible while tracing
+        out.copy_(F.silu(gate) * up)
+
+    for registry in routed_registry():
+        registry.register_kernel(
+            kernel("swiglu", "test_swiglu", backend="torchcpu", traceable=True)(host_reading_swiglu)
+        )
+        policy = xrt.KernelPolicy({"swiglu": "test_swiglu"}, validate=registry)
+        gate, up = _inputs(4, 6)
+        backend = AotEagerAndRecordGraphs()
+        with xrt.kernel_policy(policy), pytest.warns(xrt.KernelFallbackWarning, match="could not be traced"):
+            got = torch.compile(_loss, backend=backend, fullgraph=True)(gate, up)
+        torch.testing.assert_close(got, (F.silu(gate) * up).sin().mul(1.5).sum())
+        assert "xpuruntime.swiglu.default" in _targets(backend.fw_graphs[0])

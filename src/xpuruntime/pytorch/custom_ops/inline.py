@@ -18,12 +18,14 @@ keeps every custom op opaque (as PyTorch does for `triton_op`).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch._subclasses.functional_tensor import FunctionalTensorMode
 
+from ...errors import KernelFallbackWarning, XpuRuntimeError
 from ...runtime.traced import NotTraceable
 from ..router import guard_routing
 from ..state import STATE
@@ -38,7 +40,7 @@ def fused_custom_op(name: str) -> Callable[[Callable[..., Any]], Any]:
         def decompose(mode: Any, overload: Any, types: Any, args: tuple, kwargs: dict) -> Any:
             if _export_in_progress() or not _tracer_tensors_only(types):
                 return mode.__torch_dispatch__(overload, types, args, kwargs)
-            traced = _trace(mode, body, args, kwargs)
+            traced = _trace(name, mode, body, args, kwargs)
             return mode.__torch_dispatch__(overload, types, args, kwargs) if traced is None else traced
 
         op.register_torch_dispatch(FunctionalTensorMode, decompose)
@@ -47,8 +49,10 @@ def fused_custom_op(name: str) -> Callable[[Callable[..., Any]], Any]:
     return define
 
 
-def _trace(mode: Any, body: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
-    """The body traced under `mode`, or None where it must stay opaque."""
+def _trace(name: str, mode: Any, body: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+    """The body traced under `mode`, or None where it must stay opaque. A kernel whose tracing fails for a reason
+    of its own (not the policy's: those errors stand) leaves the op opaque with one warning, never a failed
+    compilation: the op still runs, dispatched at run time."""
     guard_routing()  # the graph holds the kernel chosen now: a policy change must recompile it
     threads = STATE.threads
     threads.inlining += 1
@@ -57,8 +61,28 @@ def _trace(mode: Any, body: Callable[..., Any], args: tuple, kwargs: dict) -> An
             return body(*args, **kwargs)
     except NotTraceable:
         return None
+    except XpuRuntimeError:
+        raise
+    except Exception as exc:
+        _warn_once(name, f"{type(exc).__name__}: {str(exc)[:200]}")
+        return None
     finally:
         threads.inlining -= 1
+
+
+def _warn_once(name: str, why: str) -> None:
+    key = (f"inline {name}", why)
+    if key in STATE.tracing.warned:
+        return
+    if len(STATE.tracing.warned) > 1024:
+        STATE.tracing.warned.clear()
+    STATE.tracing.warned.add(key)
+    warnings.warn(
+        f"{name}: its kernel could not be traced into the compiled graph ({why}); it runs as one op, dispatched "
+        "when the graph runs",
+        KernelFallbackWarning,
+        stacklevel=2,
+    )
 
 
 def _tracer_tensors_only(types: Any) -> bool:
