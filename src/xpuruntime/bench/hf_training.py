@@ -8,7 +8,8 @@ Two phases, every variant from the same initial weights and the same fixed batch
 memorising run does):
 1. Losses: `--loss-steps` steps per variant; each variant's losses against eager's and against a second eager
    run (`eager2`, the noise floor: bf16 with nondeterministic backward kernels differs run to run). Peak memory
-   per variant is measured here (the step's own peak plus its model's parameters; other models excluded).
+   per variant is measured here (the step's own peak plus its model's parameters; other models excluded), and
+   the first step's wall time ("first step s": compilation included; the graph variants capture while built).
 2. Step time: interleaved rounds (every variant runs `--steps` steps per round, in turn); wall time per step
    (synchronised) and device time (CUDA events), medians over rounds; ratios against eager and compiled PyTorch.
 Variants a session cannot run (no liger-kernel) are reported as skipped with the reason.
@@ -93,6 +94,7 @@ class Variant:
     step: Callable[[], Any] | None = None
     skipped: str | None = None
     losses: list[float] = field(default_factory=list)
+    first_step_s: float | None = None  # the first step, compilation (or capture) included
     wall_ms: list[float] = field(default_factory=list)
     gpu_ms: list[float] = field(default_factory=list)
     peak_gib: float | None = None
@@ -271,7 +273,11 @@ def loss_phase(variants: list[Variant], steps: int, liger: LigerSwitch) -> None:
                 torch.cuda.synchronize()
                 base = torch.cuda.memory_allocated()
                 torch.cuda.reset_peak_memory_stats()
-                v.losses = [float(v.step()) for _ in range(steps)]
+                t0 = time.perf_counter()
+                v.losses = [float(v.step())]
+                torch.cuda.synchronize()
+                v.first_step_s = time.perf_counter() - t0
+                v.losses += [float(v.step()) for _ in range(steps - 1)]
                 torch.cuda.synchronize()
                 if not v.graph:
                     v.peak_gib = (torch.cuda.max_memory_allocated() - base + param_bytes(v.model)) / 2**30
@@ -327,6 +333,8 @@ def report(variants: list[Variant], model: str) -> dict:
                     row[name] = round(statistics.median(anchor.wall_ms) / row["wall_ms"], 3)
         if v.peak_gib is not None:
             row["peak_gib"] = round(v.peak_gib, 2)
+        if v.first_step_s is not None:
+            row["first_step_s"] = round(v.first_step_s, 2)
         if v.losses:
             row["loss_first_last"] = [round(v.losses[0], 4), round(v.losses[-1], 4)]
             row["loss_rel_diff_vs_eager"] = rel_diff(v.losses, eager.losses) if eager else None
@@ -339,15 +347,15 @@ def markdown(result: dict) -> str:
         f"### {result['model']} training step, B{result['batch']} S{result['seq']}, bf16 autocast, fused AdamW",
         f"noise floor (two eager runs, max relative loss difference): {result['noise_floor_rel']}",
         "",
-        "| variant | wall ms | GPU ms | vs eager | vs compile | peak GiB | loss diff vs eager | note |",
-        "|---|---:|---:|---:|---:|---:|---:|---|",
+        "| variant | wall ms | GPU ms | vs eager | vs compile | peak GiB | loss diff vs eager | first step s | note |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for name, r in result["rows"].items():
         diff = r.get("loss_rel_diff_vs_eager")
         lines.append(
             f"| {name} | {r.get('wall_ms', '')} | {r.get('gpu_ms', '')} | {r.get('vs_eager', '')} | "
             f"{r.get('vs_compile', '')} | {r.get('peak_gib', '')} | {'' if diff is None else f'{diff:.2e}'} | "
-            f"{r.get('skipped', '')} |"
+            f"{r.get('first_step_s', '')} | {r.get('skipped', '')} |"
         )
     return "\n".join(lines)
 
