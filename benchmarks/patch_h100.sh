@@ -8,7 +8,8 @@
 #   PART=gpt2  bash benchmarks/patch_h100.sh   # HF GPT-2 step, the same variants but Liger (~6 min)
 #   PART=rest MODEL=llama bash benchmarks/patch_h100.sh   # the other variants (autotune, seeds policy, reduce-overhead)
 # Results: $OUT/hf_training_<model>.json and the table on stdout (wall and GPU ms per step, ratios to eager and
-# to compile, peak GiB, loss difference against eager beside the noise floor of a second eager run). Liger-Kernel's
+# to compile, peak GiB, loss difference against eager beside the noise floor of a second eager run, the first
+# step's seconds). Set XPURUNTIME_COMMIT=<commit> in the command: the copy on the GPU machine has no reliable .git. Liger-Kernel's
 # variant needs liger_kernel importable (its wheel in .whl/); without it the variant says skipped.
 # The 2-GPU FSDP2 check is benchmarks/probes/fsdp2_patch_check.sh.
 set -uo pipefail
@@ -18,8 +19,8 @@ mkdir -p "$OUT"
 source "$(dirname "$0")/device_env.sh"
 nvidia-smi -L
 python3 -c "import torch, triton, transformers as t; print(torch.__version__, triton.__version__, t.__version__)"
-MAIN=eager,eager2,compile,patched,patched_auto,patched+compile,patched_head+compile,fused_cast,liger
-REST=eager,compile,autotune,compile+seeds_policy,compile+autotune,reduce-overhead,reduce-overhead+patched
+MAIN=eager,eager2,compile,patched,patched+compile,patched_auto+compile,patched_head+compile,patched+graph,liger
+REST=eager,compile,autotune,compile+seeds_policy,compile+autotune,reduce-overhead,reduce-overhead+patched_auto,graph
 case "$PART" in
 tests)
     timeout 540 python3 -m pytest -q -p no:cacheprovider -rs tests/pytorch/test_pytorch_patch_gpu.py \
