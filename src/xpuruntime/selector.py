@@ -55,6 +55,11 @@ class Decision:
     preferred: str | None
     candidates: tuple[Candidate, ...]
 
+    def preferred_refusal(self) -> str:
+        """For a "fallback": why the policy's kernel could not run the call ("'k' cannot run <call>: <reasons>")."""
+        chosen = next(c for c in self.candidates if c.kernel.name == self.preferred)
+        return f"'{self.preferred}' cannot run {self.ctx.summary()}: {'; '.join(chosen.reasons)}"
+
 
 def _format_reasons(candidates: Sequence[Candidate]) -> str:
     lines = []

@@ -186,3 +186,28 @@ def test_a_kernel_that_fails_to_trace_leaves_the_op_opaque_with_a_warning():
             got = torch.compile(_loss, backend=backend, fullgraph=True)(gate, up)
         torch.testing.assert_close(got, (F.silu(gate) * up).sin().mul(1.5).sum())
         assert "xpuruntime.swiglu.default" in _targets(backend.fw_graphs[0])
+
+
+def test_a_named_kernel_that_cannot_run_the_call_warns_and_leaves_it_to_inductor():
+    """The policy names a float32-only kernel for a float64 call that another kernel could take: one
+    KernelFallbackWarning saying why, PyTorch's formula traced into the graph (logged as kernel "inductor", reason
+    "fallback"), results unchanged."""
+    for registry in routed_registry():
+        hints = dict(backend="torchcpu", traceable=True)
+        registry.register_kernel(kernel("swiglu", "test_swiglu", dtypes={"float32"}, **hints)(_swiglu))
+        registry.register_kernel(kernel("swiglu", "other_swiglu", **hints)(_swiglu))
+        policy = xrt.KernelPolicy({"swiglu": "test_swiglu"}, validate=registry)
+        gate, up = _inputs(3, 5)
+        backend = AotEagerAndRecordGraphs()
+        xrt.clear_dispatch_logs()
+        xrt.enable_dispatch_logging()
+        try:
+            with xrt.kernel_policy(policy), pytest.warns(xrt.KernelFallbackWarning, match="'test_swiglu' cannot run"):
+                got = torch.compile(_loss, backend=backend, fullgraph=True)(gate, up)
+        finally:
+            xrt.disable_dispatch_logging()
+        torch.testing.assert_close(got, (F.silu(gate) * up).sin().mul(1.5).sum())
+        assert ("swiglu", "inductor", "fallback") in {
+            (r.op_name, r.selected_kernel, r.reason) for r in xrt.get_dispatch_logs()
+        }
+        assert "aten.silu.default" in _targets(backend.fw_graphs[0])

@@ -251,7 +251,7 @@ def traced_dispatch(op: str, inputs: tuple, attrs: tuple, policy: KernelPolicy) 
     """`dispatch` while a fused op's body is traced into a graph: the kernel is chosen now, once for this
     signature, and its launch is traced (its Triton kernels become graph nodes that inductor launches from its
     own code). None: the body traces PyTorch's formula instead, for inductor to fuse: no kernel of ours takes
-    the call, or the policy names none for it (`_inductor_chose`). Raises NotTraceable for symbolic shapes and
+    the call, or the policy names none for it (`_left_to_inductor`). Raises NotTraceable for symbolic shapes and
     kernels that are not `traceable`; the decision is logged (origin "compile") and kept for
     `compiled_decisions()`. An op under autotune stays opaque and is tuned at run time, as the route decided.
     """
@@ -273,9 +273,7 @@ def traced_dispatch(op: str, inputs: tuple, attrs: tuple, policy: KernelPolicy) 
         return _left_to_inductor(op, specs, "fallback")
     kernel = decision.kernel
     if decision.reason == "fallback":
-        preferred = next(c for c in decision.candidates if c.kernel.name == decision.preferred)
-        why = f"'{decision.preferred}' cannot run {ctx.summary()}: {'; '.join(preferred.reasons)}"
-        warn_no_kernel(op, why, policy, "tracing PyTorch's code for inductor instead")
+        warn_no_kernel(op, decision.preferred_refusal(), policy, "tracing PyTorch's code for inductor instead")
     if decision.reason == "auto" and policy.tunes(op):  # the route chose our op by timing it: tuned at run time
         raise NotTraceable("autotune times the candidates per signature at run time")
     if decision.reason != "policy":  # see `_left_to_inductor`

@@ -87,9 +87,7 @@ def _decide(op: str, head: str, specs: tuple, attrs: dict, policy: KernelPolicy,
         return False
     decision = explanation.decision
     if decision.reason == "fallback":
-        preferred = next(c for c in decision.candidates if c.kernel.name == decision.preferred)
-        why = f"'{decision.preferred}' cannot run {decision.ctx.summary()}: {'; '.join(preferred.reasons)}"
-        declined(head, why, user, specs, origin="compile")
+        declined(head, decision.preferred_refusal(), user, specs, origin="compile")
         return False
     _log(dispatcher, decision, policy)
     return True
