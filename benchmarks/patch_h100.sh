@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # patch(model) and the fused training ops on one GPU, from the repository root, one part per command (each under
 # 10 minutes):
+#   PART=verify bash benchmarks/patch_h100.sh  # every fused-kernel test at GPU sizes, the GPU-marked PyTorch tests
+#                                              # (compiled graphs with traced kernels included) and the GPU zoo (~6 min)
 #   PART=tests bash benchmarks/patch_h100.sh   # the patch and fused-op tests, GPU ones included (patched Llama and
 #                                              # GPT-2: eager, inductor, reduce-overhead), on this machine's
 #                                              # torch and transformers (~3 min)
@@ -22,6 +24,13 @@ python3 -c "import torch, triton, transformers as t; print(torch.__version__, tr
 MAIN=eager,eager2,compile,patched,patched+compile,patched_auto+compile,patched_head+compile,patched+graph,liger
 REST=eager,compile,autotune,compile+seeds_policy,compile+autotune,reduce-overhead,reduce-overhead+patched_auto,graph
 case "$PART" in
+verify)
+    timeout 560 python3 -m pytest -q -p no:cacheprovider -rfE --show-capture=no --tb=short \
+        tests/backends/triton/test_fused_kernels.py tests/pytorch/test_pytorch_compiled_kernels.py \
+        tests/pytorch/test_pytorch_patch_gpu.py tests/pytorch/test_pytorch_compile_gpu.py \
+        tests/onnx/test_onnx_zoo.py -m "gpu or not gpu" > "$OUT/verify.txt" 2>&1
+    grep -E "^(FAILED|ERROR|E  )|passed|failed" "$OUT/verify.txt" | head -60
+    ;;
 tests)
     timeout 540 python3 -m pytest -q -p no:cacheprovider -rs tests/pytorch/test_pytorch_patch_gpu.py \
         tests/pytorch/test_pytorch_training_ops.py tests/pytorch/test_pytorch_patch.py \
@@ -36,7 +45,7 @@ rest)
         --out "$OUT/rest" --loss-steps 30 --rounds 6 2>&1 | tee "$OUT/rest.txt" | grep -v "^W1\|^\[" | tail -30
     ;;
 *)
-    echo "PART must be tests, llama, gpt2 or rest" >&2
+    echo "PART must be verify, tests, llama, gpt2 or rest" >&2
     exit 2
     ;;
 esac
