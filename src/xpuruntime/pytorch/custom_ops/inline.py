@@ -8,12 +8,13 @@ that graph (before inductor), the op is *decomposed*: its body runs on the trace
 kernel's launch becomes a `triton_kernel_wrapper` node (`torch.library.wrap_triton`, as `triton_op` does),
 which inductor compiles and launches from the code it generates, with no Python of ours per call; a kernel
 made of PyTorch operations, or PyTorch's formula where no kernel of ours takes the call, becomes those
-operations, which inductor fuses with their neighbours.
+operations, which inductor fuses with their neighbours. Where the policy names no kernel for the op, the body
+traces PyTorch's formula (measured faster under inductor than our kernels traced in place, `router`).
 
 A body stays one opaque node, dispatched at run time as before, where tracing it cannot be faithful
-(`router.NotTraceable`): symbolic shapes, an autotuned op, a kernel that is not `traceable` (one calling a
-library or reading tensor data on the host), a backward fallback that differentiates a formula. Export
-keeps every custom op opaque (as PyTorch does for `triton_op`).
+(`runtime.traced.NotTraceable`): symbolic shapes, an autotuned op, a kernel that is not `traceable` (one calling
+a library or reading tensor data on the host), a backward fallback that differentiates a formula; also, with one
+warning, a kernel whose tracing fails. Export keeps every custom op opaque (as PyTorch does for `triton_op`).
 """
 
 from __future__ import annotations
