@@ -5,6 +5,9 @@ with symbolic shapes, and for torch.export. Results and gradients match eager Py
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -53,6 +56,19 @@ def _loss(gate, up):
     return (xtorch.ops.swiglu(gate, up).sin() * 1.5).sum()
 
 
+@contextlib.contextmanager
+def _dispatch_log() -> Iterator[list]:
+    """The dispatch records made inside the block: the log cleared and on, off after."""
+    records: list = []
+    xrt.clear_dispatch_logs()
+    xrt.enable_dispatch_logging()
+    try:
+        yield records
+    finally:
+        records.extend(xrt.get_dispatch_logs())
+        xrt.disable_dispatch_logging()
+
+
 def _targets(graph) -> set[str]:
     return {str(node.target) for node in graph.graph.nodes if node.op == "call_function"}
 
@@ -67,14 +83,10 @@ def test_a_traceable_kernel_is_traced_into_the_forward_and_backward_graphs(swigl
     CALLS.clear()
     gate, up = _inputs(6, 10)
     backend = AotEagerAndRecordGraphs()
-    xrt.clear_dispatch_logs()
-    xrt.enable_dispatch_logging()
-    try:
+    with _dispatch_log() as log:
         loss = torch.compile(_loss, backend=backend, fullgraph=True)(gate, up)
         calls_while_compiling = dict(CALLS)
         loss.backward()
-    finally:
-        xrt.disable_dispatch_logging()
     grads = [gate.grad, up.grad]
     gate.grad = up.grad = None
     expected = (F.silu(gate) * up).sin().mul(1.5).sum()
@@ -83,7 +95,7 @@ def test_a_traceable_kernel_is_traced_into_the_forward_and_backward_graphs(swigl
     for got, want in zip(grads, (gate.grad, up.grad)):
         torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
     forward, backward = _targets(backend.fw_graphs[0]), _targets(backend.bw_graphs[0])
-    records = {(r.op_name, r.selected_kernel, r.origin) for r in xrt.get_dispatch_logs()}
+    records = {(r.op_name, r.selected_kernel, r.origin) for r in log}
     if swiglu_kernels:  # the kernel's operations are in the graphs; it ran while they were traced, never after
         assert "xpuruntime.swiglu.default" not in forward and "aten.silu.default" in forward
         assert "xpuruntime.swiglu_backward.default" not in backward and "aten.sigmoid.default" in backward
@@ -149,18 +161,13 @@ def test_an_op_the_policy_does_not_name_is_left_to_inductor():
         policy = xrt.KernelPolicy({"swiglu_backward": "test_swiglu"}, validate=registry)
         gate, up = _inputs(5, 6)
         backend = AotEagerAndRecordGraphs()
-        xrt.clear_dispatch_logs()
-        xrt.enable_dispatch_logging()
-        try:
-            with xrt.kernel_policy(policy):
-                loss = torch.compile(_loss, backend=backend, fullgraph=True)(gate, up)
-                grads = torch.autograd.grad(loss, (gate, up))
-        finally:
-            xrt.disable_dispatch_logging()
+        with _dispatch_log() as log, xrt.kernel_policy(policy):
+            loss = torch.compile(_loss, backend=backend, fullgraph=True)(gate, up)
+            grads = torch.autograd.grad(loss, (gate, up))
         expected = torch.autograd.grad((F.silu(gate) * up).sin().mul(1.5).sum(), (gate, up))
         for got, want in zip(grads, expected):
             torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
-        records = {(r.op_name, r.selected_kernel, r.origin) for r in xrt.get_dispatch_logs()}
+        records = {(r.op_name, r.selected_kernel, r.origin) for r in log}
         assert {("swiglu", "inductor", "compile"), ("swiglu_backward", "test_swiglu", "compile")} <= records
         assert "xpuruntime.swiglu.default" not in _targets(backend.fw_graphs[0])
         assert "aten.silu.default" in _targets(backend.fw_graphs[0])
@@ -199,15 +206,9 @@ def test_a_named_kernel_that_cannot_run_the_call_warns_and_leaves_it_to_inductor
         policy = xrt.KernelPolicy({"swiglu": "test_swiglu"}, validate=registry)
         gate, up = _inputs(3, 5)
         backend = AotEagerAndRecordGraphs()
-        xrt.clear_dispatch_logs()
-        xrt.enable_dispatch_logging()
-        try:
-            with xrt.kernel_policy(policy), pytest.warns(xrt.KernelFallbackWarning, match="'test_swiglu' cannot run"):
-                got = torch.compile(_loss, backend=backend, fullgraph=True)(gate, up)
-        finally:
-            xrt.disable_dispatch_logging()
+        warns = pytest.warns(xrt.KernelFallbackWarning, match="'test_swiglu' cannot run")
+        with _dispatch_log() as log, xrt.kernel_policy(policy), warns:
+            got = torch.compile(_loss, backend=backend, fullgraph=True)(gate, up)
         torch.testing.assert_close(got, (F.silu(gate) * up).sin().mul(1.5).sum())
-        assert ("swiglu", "inductor", "fallback") in {
-            (r.op_name, r.selected_kernel, r.reason) for r in xrt.get_dispatch_logs()
-        }
+        assert ("swiglu", "inductor", "fallback") in {(r.op_name, r.selected_kernel, r.reason) for r in log}
         assert "aten.silu.default" in _targets(backend.fw_graphs[0])

@@ -35,11 +35,16 @@ def _forward(args: ArgPack, kind: str) -> Any:
     return returned(args, _act(gate, kind) * up)
 
 
+def gradients(dy: torch.Tensor, gate_in: torch.Tensor, up_in: torch.Tensor | None, kind: str) -> tuple:
+    """(dgate, dup) of act(gate) * up by the kernels autograd runs (gate_in packs [gate | up] when up_in is None):
+    PyTorch operations only, so the fused op's fallback can trace them into a graph as well."""
+    gate, up = _halves(gate_in, up_in)
+    return _act_backward(dy * up, gate, kind), dy * _act(gate, kind)
+
+
 def _backward(args: ArgPack, kind: str) -> None:
     dy, gate_in, up_in = args.inputs
-    gate, up = _halves(gate_in, up_in)
-    dup = dy * _act(gate, kind)
-    dgate = _act_backward(dy * up, gate, kind)
+    dgate, dup = gradients(dy, gate_in, up_in, kind)
     if up_in is None:
         args.out.copy_(torch.cat([dgate, dup], dim=-1))
     else:

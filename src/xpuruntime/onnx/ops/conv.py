@@ -98,33 +98,11 @@ class _CpuTorch:
         return kept[1]
 
 
-def conv(node: Node, opset: int) -> Fn:
-    on_cpu_torch = _CpuTorch()
-
-    def run(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
-        win, group = conv_window(node, x, w)
-        if CPU_TORCH and _torch_conv(len(win.out)) is not None:
-            return on_cpu_torch(lambda *t: conv_with_torch(*t, win, group), x, w, b)
-        y = conv_im2col(x.astype(np.float32) if x.dtype == np.float16 else x, w.astype(x.dtype), b, win, group)
-        return y.astype(x.dtype, copy=False)
-
-    return run
-
-
-def conv_torch(node: Node, opset: int) -> Fn:
-    def run(x: Any, w: Any, b: Any = None) -> Any:
-        win, group = conv_window(node, x, w)
-        return conv_with_torch(x, w, b, win, group)
-
-    return run
-
-
-op("Conv", conv, conv_torch, check=check_auto_pad)
-
-
-# -- FusedConv (graph/passes/conv_activation_fusion): Conv, then its activation in place ------------------------
-def _activate_torch(y: Any, activation: str, params: list[float]) -> Any:
-    """The activation applied in place to a fresh convolution output (a tensor)."""
+# FusedConv (graph/passes/conv_activation_fusion) is a Conv whose activation runs in place on its output
+def _activate_torch(y: Any, activation: str | None, params: list[float]) -> Any:
+    """The activation applied in place to a fresh convolution output (a tensor); None: none."""
+    if activation is None:
+        return y
     if activation == "Relu":
         return y.relu_()
     if activation == "LeakyRelu":
@@ -140,10 +118,12 @@ def _activate_torch(y: Any, activation: str, params: list[float]) -> Any:
     return y.clamp_(params[0], params[1])  # Clip
 
 
-def _activate_numpy(y: np.ndarray, activation: str, params: list[float]) -> np.ndarray:
+def _activate_numpy(y: np.ndarray, activation: str | None, params: list[float]) -> np.ndarray:
     """The same in NumPy, in place (ONNX's formulas)."""
     one = y.dtype.type
-    if activation == "Relu":
+    if activation is None:
+        pass
+    elif activation == "Relu":
         np.maximum(y, 0, out=y)
     elif activation == "LeakyRelu":
         np.copyto(y, np.where(y < 0, y * one(params[0]), y))
@@ -160,11 +140,15 @@ def _activate_numpy(y: np.ndarray, activation: str, params: list[float]) -> np.n
     return y
 
 
-def _activation_of(node: Node) -> tuple[str, list[float]]:
-    return str(node.attrs["activation"]), [float(p) for p in node.attrs.get("activation_params", ())]
+def _activation_of(node: Node) -> tuple[str | None, list[float]]:
+    """A FusedConv's (activation, its parameters); (None, []) for a plain Conv."""
+    activation = node.attrs.get("activation")
+    params = [float(p) for p in node.attrs.get("activation_params", ())]
+    return (None if activation is None else str(activation)), params
 
 
-def fused_conv(node: Node, opset: int) -> Fn:
+def conv(node: Node, opset: int) -> Fn:
+    """Conv, or FusedConv: the convolution, then its activation in place."""
     activation, params = _activation_of(node)
     on_cpu_torch = _CpuTorch()
 
@@ -174,12 +158,12 @@ def fused_conv(node: Node, opset: int) -> Fn:
             convolve = lambda *t: _activate_torch(conv_with_torch(*t, win, group), activation, params)  # noqa: E731
             return on_cpu_torch(convolve, x, w, b)
         y = conv_im2col(x.astype(np.float32) if x.dtype == np.float16 else x, w.astype(x.dtype), b, win, group)
-        return _activate_numpy(np.ascontiguousarray(y), activation, params).astype(x.dtype, copy=False)
+        return _activate_numpy(y, activation, params).astype(x.dtype, copy=False)
 
     return run
 
 
-def fused_conv_torch(node: Node, opset: int) -> Fn:
+def conv_torch(node: Node, opset: int) -> Fn:
     activation, params = _activation_of(node)
 
     def run(x: Any, w: Any, b: Any = None) -> Any:
@@ -189,7 +173,8 @@ def fused_conv_torch(node: Node, opset: int) -> Fn:
     return run
 
 
-op("FusedConv", fused_conv, fused_conv_torch, check=check_auto_pad)
+op("Conv", conv, conv_torch, check=check_auto_pad)
+op("FusedConv", conv, conv_torch, check=check_auto_pad)
 
 
 # -- ConvTranspose --------------------------------------------------------------------------------------------------

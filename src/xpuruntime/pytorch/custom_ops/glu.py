@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ...backends.torch.glu import gradients
 from ...policy import KernelPolicy
 from ..router import IN_FORCE, Pinned, dispatch, pinned_policy
 from .common import or_empty, pytorch_ran, unaliased
@@ -33,15 +34,8 @@ def formula(gate: Tensor, up: Tensor | None, activation: str) -> Tensor:
 def formula_backward(dy: Tensor, gate: Tensor, up: Tensor | None, activation: str) -> tuple:
     """(dgate, dup) by the kernels autograd runs for `formula` (aten's silu_backward / gelu_backward); for a packed
     gate, (its gradient, None). PyTorch operations only, so a graph can hold them (`inline`)."""
-    g, u = gate.chunk(2, dim=-1) if up is None else (gate, up)
-    act = F.silu(g) if activation == "silu" else F.gelu(g, approximate=activation)
-    du = dy * u
-    if activation == "silu":
-        dg = torch.ops.aten.silu_backward(du, g)
-    else:
-        dg = torch.ops.aten.gelu_backward(du, g, approximate=activation)
-    dup = dy * act
-    return (torch.cat([dg, dup], dim=-1), None) if up is None else (dg, dup)
+    dgate, dup = gradients(dy, gate, up, activation)
+    return (torch.cat([dgate, dup], dim=-1), None) if up is None else (dgate, dup)
 
 
 def forward(gate: Tensor, up: Tensor | None, activation: str, policy: KernelPolicy) -> Tensor:
