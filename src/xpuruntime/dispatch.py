@@ -34,6 +34,7 @@ from .policy import KernelPolicy, current_policy
 from .registry import Backend, KernelSpec, Registry, default_registry, no_stream
 from .runtime import extension
 from .runtime.capacity import check_bytes, check_fits
+from .runtime.launch_capture import CAPTURE
 from .runtime.workspace import WorkspaceManager
 from .selector import Decision, Scorer, Selector, default_scorer
 
@@ -114,7 +115,7 @@ class Dispatcher:
         `policy` overrides the one in force here (the PyTorch front end passes a backward's saved policy)."""
         if policy is None:
             policy = current_policy()
-        if out is None and _hit_in_c is not None and not (OBSERVERS or _tracking):
+        if out is None and _hit_in_c is not None and not (OBSERVERS or _tracking or CAPTURE.capture):
             result = _hit_in_c(self.plans, self.plans.entries, op, policy.fingerprint, attrs, inputs)
             if result is not NOT_HIT:
                 return result
@@ -127,6 +128,8 @@ class Dispatcher:
         hit = plan is not None
         if plan is None:  # tuning launches kernels: nested framework calls go to the framework
             plan = _tracked(self._plan_miss, op, inputs, attrs, out, policy, key)
+        if CAPTURE.capture is not None:
+            CAPTURE.capture.plans.append(plan)
         stream = None if plan.current_stream is None else plan.current_stream(plan.device)
         tensor_out = out is not None and type(out) is not ndarray  # a PyTorch tensor: autograd's rules apply
         if plan.schema.buffers:

@@ -39,6 +39,7 @@ LAYERS = [
         "custom_ops.add_norm",
     },
     {"custom_ops.eager", "custom_ops.inline"},
+    {"custom_ops.replay"},
     {"custom_ops.common"},
     {"router"},
     {"tuner"},

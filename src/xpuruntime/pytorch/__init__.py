@@ -22,7 +22,8 @@ The modules form layers, each importing only those below it (tests/pytorch/test_
     tracing      decisions while a graph is traced; the routing guard; calls a policy cannot take
     custom_ops   the torch.library ops and their bodies, one file per op family (over custom_ops.eager, how
                  the fused training ops run eagerly or compiled, custom_ops.inline, how their kernels are
-                 traced into compiled graphs, and custom_ops.common)
+                 traced into compiled graphs, custom_ops.replay, how an eager body's launches are replayed,
+                 and custom_ops.common)
     router       dispatching a routed call; which ops a policy steers; op families against the registry
     tuner        autotune's verdicts on routed calls and its hand-backs to PyTorch
     native       the C++ routes (native_routes.cpp)

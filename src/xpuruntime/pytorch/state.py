@@ -88,6 +88,14 @@ class TracingState:
     explanations: list = field(default_factory=list)  # the latest compile-time decisions (Explanations)
 
 
+@dataclass
+class ReplayState:
+    """Fused ops' eager bodies kept as launch recipes (custom_ops.replay)."""
+
+    recipes: dict[tuple, Any] = field(default_factory=dict)  # signature -> 1 (seen once), a Recipe or "not replayable"
+    owner: tuple | None = None  # (id of the dispatcher, its registry's generation) the recipes belong to
+
+
 class _ThreadScopes(threading.local):
     """Per thread: what each open scope changed, undone when it closes."""
 
@@ -105,6 +113,7 @@ class FrontEndState:
     native: NativeState = field(default_factory=NativeState)
     install: InstallState = field(default_factory=InstallState)
     tracing: TracingState = field(default_factory=TracingState)
+    replay: ReplayState = field(default_factory=ReplayState)
     threads: _ThreadScopes = field(default_factory=_ThreadScopes)
     # set by `install` at import: brings the aten registrations in line with the policies (a lower layer
     # that changes what is routed, autotune's hand-back, calls it without importing the layer above)

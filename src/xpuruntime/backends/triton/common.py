@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from ...context import DispatchContext
+from ...runtime.launch_capture import CAPTURE
 from ...runtime.traced import RECORDING, NotTraceable
 from ..torch.common import empty as cuda_empty
 
@@ -147,6 +148,17 @@ def _specs(args: tuple) -> tuple:
     ])  # fmt: skip
 
 
+def launch_hooks_active() -> bool:
+    """Whether Triton's launch hooks (a profiler's) are set: launches must then go through Triton's own path."""
+    runtime = (_RUNTIME or _runtime())[0]
+    return hook_active(runtime.launch_enter_hook) or hook_active(runtime.launch_exit_hook)
+
+
+def current_stream(device: int) -> Any:
+    """The current CUDA stream of `device` as Triton's launchers take it."""
+    return (_RUNTIME or _runtime())[2](device)
+
+
 def hook_active(hook: Any) -> bool:
     """Whether a Triton launch hook would run: None, or (Triton >= 3.5) an empty HookChain, would not."""
     return hook is not None and bool(getattr(hook, "calls", True))
@@ -174,6 +186,8 @@ def launch(fn: Any, grid: tuple[int, ...], *args: Any, num_warps: int = 4, num_s
         return None
     if INTERPRET:
         fn[grid](*args, **options, **constexprs)
+        if CAPTURE.capture is not None:
+            CAPTURE.capture.launches.append(None)  # nothing to relaunch: the interpreter ran it on the host
         return None
     runtime, current_device, current_stream = _RUNTIME or _runtime()
     hooked = hook_active(runtime.launch_enter_hook) or hook_active(runtime.launch_exit_hook)
@@ -183,9 +197,13 @@ def launch(fn: Any, grid: tuple[int, ...], *args: Any, num_warps: int = 4, num_s
     if entry is None:
         kernel = fn[grid](*args, **options, **constexprs)
         if kernel is not None and not hooked and getattr(kernel, "function", None) is not None:
-            _COMPILED[key] = (kernel, _constexpr_tail(fn, len(args), constexprs))
+            entry = _COMPILED[key] = (kernel, _constexpr_tail(fn, len(args), constexprs))
+        if CAPTURE.capture is not None:
+            CAPTURE.capture.launches.append(None if entry is None else (kernel, grid, args, entry[1]))
         return kernel
     kernel, tail = entry
+    if CAPTURE.capture is not None:
+        CAPTURE.capture.launches.append((kernel, grid, args, tail))
     g1 = grid[1] if len(grid) > 1 else 1
     g2 = grid[2] if len(grid) > 2 else 1
     stream = current_stream(device)

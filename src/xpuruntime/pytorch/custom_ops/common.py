@@ -45,6 +45,11 @@ def traced(*tensors: Any) -> bool:
     return any(t is not None and type(t) not in PLAIN_TENSORS and isinstance(t, torch.Tensor) for t in tensors)
 
 
+def detached(args: tuple) -> tuple:
+    """The tensors of `args` detached (as a custom op's body sees them: kernels may view them as arrays)."""
+    return tuple(a.detach() if isinstance(a, torch.Tensor) and a.requires_grad else a for a in args)
+
+
 def accumulation_dtype(x: torch.Tensor) -> torch.dtype:
     """float64 for float64 inputs, else float32: the dtype of attention's logsumexp and of the fallback math
     (as `ops.attention_forward.lse_dtype`), so float64 gradients keep float64 precision."""

@@ -10,7 +10,9 @@ its forward custom op and body, and the `setup_context` / `backward` functions i
 - calls the custom op while a graph is traced (torch.compile, export, a tracing mode), so the graph holds it
   and its registered autograd puts the backward op into the backward graph;
 - otherwise applies `EagerFunction`, which calls the same bodies directly: the custom-op machinery costs about
-  four times an autograd.Function's host time per call, and an eager training step makes dozens of calls.
+  four times an autograd.Function's host time per call, and an eager training step makes dozens of calls. A
+  body that only launches Triton kernels is replayed from its recorded launches from a signature's third
+  call on (`replay`): the step is host-bound, and a replay costs a fraction of the body's Python.
 
 Both paths compute alike: the `backward` functions learn from `ctx.eager` whether to call the backward body
 (eager) or the backward custom op (compiled), and bodies run with grad mode and autocast off either way
@@ -30,6 +32,7 @@ from ...policy import current_policy
 from ..router import IN_FORCE, Pinned, pinned_policy
 from ..state import STATE
 from .common import autograd_enabled, eager_origin, graph_origin, plain
+from .replay import call as run_body
 
 
 class OpGlue(NamedTuple):
@@ -56,7 +59,7 @@ class EagerFunction(torch.autograd.Function):
     def forward(ctx: Any, glue: OpGlue, pinned: Pinned, *args: Any) -> Any:
         policy = pinned.policy or current_policy()  # the backward dispatches under the forward's policy
         with eager_origin(), torch._C._DisableAutocast(), EAGER_BODY:  # autocast off as inside a custom op
-            out = glue.forward(*detached(args), pinned_policy(policy))
+            out = run_body(glue.forward, args, pinned_policy(policy))
         ctx.eager, ctx.glue = True, glue
         glue.setup(ctx, (*args, policy), out)
         if glue.no_grad_outputs:
@@ -93,13 +96,8 @@ EAGER_BODY = _EagerBody()
 def backward_call(ctx: Any, body: Callable[..., Any], custom_op: Callable[..., Any], *args: Any) -> Any:
     """In a `backward`: the backward body (eager) or the backward custom op (compiled) on `args`."""
     if getattr(ctx, "eager", False):
-        return body(*detached(args), pinned_policy(ctx.policy))
+        return run_body(body, args, pinned_policy(ctx.policy))
     return custom_op(*args, ctx.policy)
-
-
-def detached(args: tuple) -> tuple:
-    """The tensors of `args` detached (as a custom op's body sees them: kernels may view them as arrays)."""
-    return tuple(a.detach() if isinstance(a, torch.Tensor) and a.requires_grad else a for a in args)
 
 
 @contextlib.contextmanager

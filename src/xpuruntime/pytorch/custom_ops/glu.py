@@ -113,10 +113,13 @@ def _setup(ctx: Any, inputs: tuple, output: Any) -> None:
     ctx.attrs, ctx.policy = tuple(approximate), policy
 
 
+def _swiglu_backward_body(dy: Tensor, gate: Tensor, up: Tensor | None, policy: KernelPolicy) -> tuple:
+    return backward(dy, gate, up, "silu", policy)
+
+
 def _swiglu_backward(ctx: Any, dy: Tensor) -> tuple:
     gate, up = ctx.saved_tensors
-    body = lambda *args: backward(*args[:3], "silu", args[-1])  # noqa: E731
-    dgate, dup = backward_call(ctx, body, swiglu_backward_op, dy, gate, up)
+    dgate, dup = backward_call(ctx, _swiglu_backward_body, swiglu_backward_op, dy, gate, up)
     return dgate, None if up is None else dup, None
 
 

@@ -1,0 +1,59 @@
+"""Peak memory of one HF Llama training step (bench/hf_training's model, batch and step) per variant, in one
+process: which swap or policy of `patch` costs or saves memory against eager and Liger-Kernel. Each variant is
+built, stepped twice (AdamW's state exists from the first step), and its second step's peak above what was
+allocated before it is reported, with the model's parameters, gradients and optimizer state beside.
+
+    python benchmarks/probes/step_memory.py
+"""
+
+from __future__ import annotations
+
+
+def main() -> None:
+    import torch
+    import transformers as tf
+
+    from xpuruntime.bench import hf_training as hf
+
+    kinds_all = ("rms_norm", "gated_mlp", "rotary_embedding", "linear_cross_entropy")
+    variants = [
+        hf.Variant("eager"),
+        hf.Variant("fused_cast only", policy=hf.EAGER_POLICY),
+        hf.Variant("liger", liger=True),
+        hf.Variant("patched", policy=hf.EAGER_POLICY, patch=True, patch_policy=hf.PATCH_POLICY),
+        hf.Variant("patched, no fused_cast", patch=True, patch_policy=hf.PATCH_POLICY),
+        hf.Variant("patched, no linear=cublasLt", policy=hf.EAGER_POLICY, patch=True,
+                   patch_policy=hf.PATCH_POLICY.replace(",linear=cublasLt", "")),
+    ]  # fmt: skip
+    for kind in kinds_all:
+        variants.append(hf.Variant(f"patched only {kind}", policy=hf.EAGER_POLICY, patch=True,
+                                   patch_policy=hf.PATCH_POLICY, kinds=(kind,)))  # fmt: skip
+    torch.manual_seed(0)
+    cls_name, config = hf.MODELS["llama"]
+    state = {k: v.detach().clone() for k, v in getattr(tf, cls_name)(config()).cuda().state_dict().items()}
+    ids = torch.randint(0, config().vocab_size, (hf.BATCH, hf.SEQ), device="cuda")
+    liger = hf.LigerSwitch()
+    print(f"{'variant':<40} {'step peak GiB':>13} {'held GiB':>9}")
+    for v in variants:
+        try:
+            hf.build(v, "llama", state, ids, liger)
+            if v.skipped:
+                print(f"{v.name:<40} skipped: {v.skipped}")
+                continue
+            with hf.running(v, liger):
+                v.step()
+                torch.cuda.synchronize()
+                base = torch.cuda.memory_allocated()
+                torch.cuda.reset_peak_memory_stats()
+                v.step()
+                torch.cuda.synchronize()
+                peak = torch.cuda.max_memory_allocated() - base
+            print(f"{v.name:<40} {peak / 2**30:13.3f} {base / 2**30:9.3f}", flush=True)
+        except Exception as exc:  # report and go on
+            print(f"{v.name:<40} failed: {type(exc).__name__}: {exc}"[:300])
+        v.model = v.opt = v.step = None
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
