@@ -126,3 +126,30 @@ def test_replayed_fused_ops_equal_their_bodies_bit_for_bit(name: str, monkeypatc
                 assert a.shape == b.shape and a.stride() == b.stride() and torch.equal(a, b), name
     recipes = [r for r in STATE.replay.recipes.values() if isinstance(r, replay.Recipe)]
     assert len(recipes) == 2, f"{name}: forward and backward bodies replayed ({STATE.replay.recipes.values()})"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("op", ["layer_norm", "rms_norm"])
+def test_routed_norms_replay_bit_for_bit(op: str, monkeypatch) -> None:
+    import torch.nn.functional as F
+
+    import xpuruntime.pytorch as xtorch
+
+    def norm(pinned, x, w, b):
+        return F.layer_norm(x, (256,), w, b, 1e-5) if op == "layer_norm" else F.rms_norm(x, (256,), w, 1e-5)
+
+    shapes = ((6, 41, 256), (256,), (256,))
+    replay.forget()
+    with xtorch.kernel_policy(**{op: "triton"}):
+        for seed in range(5):
+            replayed = _run(norm, None, shapes, seed, torch.bfloat16)
+            monkeypatch.setattr(replay, "ENABLED", False)
+            plain = _run(norm, None, shapes, seed, torch.bfloat16)
+            monkeypatch.setattr(replay, "ENABLED", True)
+            for a, b in zip(replayed, plain):
+                assert (a is None) == (b is None)
+                if a is not None:
+                    assert torch.equal(a, b), op
+    recipes = [r for r in STATE.replay.recipes.values() if isinstance(r, replay.Recipe)]
+    assert len(recipes) == 2, f"{op}: forward and backward bodies replayed ({STATE.replay.recipes.values()})"

@@ -3,7 +3,8 @@
 Both are composite ops, overridden at the Autograd key with autograd Functions: forward dispatches the
 norm op, backward dispatches `layer_norm_backward` / `rms_norm_backward` (when registered) under the
 policy the forward saw, else runs PyTorch's backward. Below autograd the backend-key override
-dispatches the forward only. Both run the bodies of the custom ops (`custom_ops.norm`).
+dispatches the forward only. Both run the bodies of the custom ops (`custom_ops.norm`), replayed from their
+recorded launches where they only launch Triton kernels (`custom_ops.replay`).
 
 While torch.compile traces the call, the route emits `xpuruntime::layer_norm` / `xpuruntime::rms_norm`
 where the policy steers the norm (see `tracing`); their registered autograd puts the backward ops into the
@@ -19,6 +20,7 @@ import torch
 from ...policy import current_policy
 from ..custom_ops import norm as ops
 from ..custom_ops.common import any_requires_grad, plain, traced
+from ..custom_ops.replay import call as run_body
 from ..router import family_policy, fell_back, wants, without
 from ..tracing import declined, in_graph
 
@@ -44,7 +46,7 @@ class NormFunction(torch.autograd.Function):
         ctx.eps = ops.default_eps(x, eps)
         ctx.save_for_backward(x, weight, bias)
         ctx.stats = None
-        out = ops.forward(op, x, weight, bias, normalized_shape, eps, ctx.policy)
+        out = run_body(ops.forward, (op, x, weight, bias, normalized_shape, eps), ctx.policy)
         if out is None and op == "layer_norm":  # PyTorch's forward, keeping its stats for the backward
             out, mean, rstd = _NATIVE_LAYER_NORM(x, list(normalized_shape), weight, bias, eps)
             ctx.stats = (mean, rstd)
@@ -62,7 +64,11 @@ class NormFunction(torch.autograd.Function):
             forward_inputs = ops.inputs(ctx.op, x, weight, bias)
             if fell_back(ctx.op, forward_inputs, (ctx.normalized_shape, ctx.raw_eps), policy):
                 policy = without(policy, (f"{ctx.op}_backward",), ctx.user_policy)  # warned once already
-            grads = ops.backward(ctx.op, dy, x, weight, bias, ctx.normalized_shape, ctx.eps, policy, ctx.stats)
+            args = (ctx.op, dy, x, weight, bias, ctx.normalized_shape, ctx.eps)
+            if ctx.stats is None:
+                grads = run_body(ops.backward, args, policy)
+            else:  # PyTorch's forward ran: its statistics go to the backward op
+                grads = ops.backward(*args, policy, ctx.stats)
         if grads is None:
             grads = ops.torch_grads(ctx.op, dy, x, weight, bias, ctx.normalized_shape, ctx.eps, ctx.stats)
         ctx.stats = None
