@@ -3,13 +3,15 @@ process: which swap or policy of `patch` costs or saves memory against eager and
 built, stepped twice (AdamW's state exists from the first step), and its second step's peak above what was
 allocated before it is reported, with the model's parameters, gradients and optimizer state beside.
 
-    python benchmarks/probes/step_memory.py
+    python benchmarks/probes/step_memory.py [--only eager,liger,patched]   (exact variant names)
 """
 
 from __future__ import annotations
 
 
 def main() -> None:
+    import argparse
+
     import torch
     import transformers as tf
 
@@ -28,6 +30,10 @@ def main() -> None:
     for kind in kinds_all:
         variants.append(hf.Variant(f"patched only {kind}", policy=hf.EAGER_POLICY, patch=True,
                                    patch_policy=hf.PATCH_POLICY, kinds=(kind,)))  # fmt: skip
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--only", default="", help="comma-separated variant names (default: all)")
+    only = [name for name in parser.parse_args().only.split(",") if name]
+    variants = [v for v in variants if not only or v.name in only]
     torch.manual_seed(0)
     cls_name, config = hf.MODELS["llama"]
     state = {k: v.detach().clone() for k, v in getattr(tf, cls_name)(config()).cuda().state_dict().items()}

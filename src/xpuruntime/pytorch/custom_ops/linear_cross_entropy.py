@@ -143,14 +143,25 @@ def _given(g: Tensor | None) -> Tensor | None:
     return None if g is None or (g.dim() == 1 and g.numel() == 0) else g
 
 
+def _scaled(g: Tensor, grad_loss: Tensor) -> Tensor:
+    return g * grad_loss
+
+
+def _scaled_in_place(g: Tensor, grad_loss: Tensor) -> Tensor:
+    return g.mul_(grad_loss)  # as g * grad_loss: a 0-d fp32 factor, computed in fp32, rounded once
+
+
 def _backward(ctx: Any, grad_loss: Tensor, *unused: Any) -> tuple:
     if ctx.options[2] == "none":
         hidden, weight, target, bias = ctx.saved_tensors
         grads = backward_call(ctx, backward, linear_cross_entropy_backward_op, grad_loss, hidden, weight, target,
                               bias, *ctx.options, ctx.weight_grad)  # fmt: skip
         grads = tuple(map(_given, grads))
-    else:  # the forward's gradients for an upstream gradient of 1, scaled by the loss's gradient
-        grads = tuple(None if _given(g) is None else g * grad_loss for g in ctx.saved_tensors)
+    else:  # the forward's gradients for an upstream gradient of 1, scaled by the loss's gradient: in place when
+        # eager (nothing else holds them; a second copy of the head's weight gradient at the start of the backward
+        # would add to the step's peak memory), out of place in a graph (functional code for inductor)
+        scale = _scaled_in_place if getattr(ctx, "eager", False) else _scaled
+        grads = tuple(None if _given(g) is None else scale(g, grad_loss) for g in ctx.saved_tensors)
     grad_hidden, grad_weight, grad_bias = grads
     return grad_hidden, grad_weight, None, grad_bias if ctx.has_bias else None, *([None] * 7)
 
