@@ -12,7 +12,7 @@ the outputs as views of the sources. Later calls of the signature allocate, laun
 the recipe: a few microseconds instead of tens.
 
 Never replayed (the body runs as it always does): while dispatch logging or profiling observes calls (each
-call must be seen), under autotune or while the tuner counts calls, for tensors off CUDA, under Triton launch
+call must be seen), under a policy that autotunes (the call's or the one in force), for tensors off CUDA, under Triton launch
 hooks, on another current device than the recording's, and for bodies that did anything else (a PyTorch
 operation that computes, a plan of another backend or one that is not traceable: work the capture cannot see),
 whose signature is remembered as not replayable. Recipes are forgotten when the dispatcher or its registry
@@ -30,6 +30,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ... import log
+from ...policy import current_policy
 from ...runtime.launch_capture import capturing
 from ..router import get_dispatcher
 from ..state import STATE
@@ -93,7 +94,7 @@ def forget() -> None:
 
 def _key(body: Callable[..., Any], args: tuple, policy: Any) -> tuple | None:
     """The call's signature, or None when it may not replay now (module docstring)."""
-    if not ENABLED or log.OBSERVERS or policy.autotune or policy.autotune_ops or STATE.tuner.families:
+    if not ENABLED or log.OBSERVERS or _tunes(policy) or _tunes(current_policy()):
         return None
     parts: list[Any] = [body, policy.fingerprint]
     for a in args:
@@ -108,6 +109,11 @@ def _key(body: Callable[..., Any], args: tuple, policy: Any) -> tuple | None:
         else:
             parts.append(a)
     return tuple(parts)
+
+
+def _tunes(policy: Any) -> bool:
+    """Autotune times candidates and counts calls (`tuner`): its calls run their bodies."""
+    return policy.autotune or bool(policy.autotune_ops)
 
 
 def _store() -> dict:
