@@ -153,3 +153,10 @@ def test_routed_norms_replay_bit_for_bit(op: str, monkeypatch) -> None:
                     assert torch.equal(a, b), op
     recipes = [r for r in STATE.replay.recipes.values() if isinstance(r, replay.Recipe)]
     assert len(recipes) == 2, f"{op}: forward and backward bodies replayed ({STATE.replay.recipes.values()})"
+
+
+def test_an_unhashable_argument_runs_the_body(monkeypatch) -> None:
+    from xpuruntime.policy import KernelPolicy
+
+    monkeypatch.setattr(replay, "_key", lambda body, args, policy: (body, {"unhashable": 1}))
+    assert replay.call(lambda x, policy: x + 1, (1,), KernelPolicy()) == 2

@@ -12,11 +12,11 @@ the outputs as views of the sources. Later calls of the signature allocate, laun
 the recipe: a few microseconds instead of tens.
 
 Never replayed (the body runs as it always does): while dispatch logging or profiling observes calls (each
-call must be seen), under a policy that autotunes (the call's or the one in force), for tensors off CUDA, under Triton launch
-hooks, on another current device than the recording's, and for bodies that did anything else (a PyTorch
-operation that computes, a plan of another backend or one that is not traceable: work the capture cannot see),
-whose signature is remembered as not replayable. Recipes are forgotten when the dispatcher or its registry
-changes, and `XPURUNTIME_EAGER_REPLAY=0` turns replaying off.
+call must be seen), under a policy that autotunes (the call's or the one in force), for tensors off CUDA,
+under Triton launch hooks, on another current device than the recording's, and for bodies that did anything
+else (a PyTorch operation that computes, a plan of another backend or one that is not traceable: work the
+capture cannot see), whose signature is kept with the reason it is not replayable. Recipes are forgotten when
+the dispatcher or its registry changes, and `XPURUNTIME_EAGER_REPLAY=0` turns replaying off.
 """
 
 from __future__ import annotations
@@ -69,7 +69,10 @@ def call(body: Callable[..., Any], args: tuple, policy: Any) -> Any:
     if key is None:
         return body(*detached(args), policy)
     store = _store()
-    recipe = store.get(key)
+    try:
+        recipe = store.get(key)
+    except TypeError:  # an unhashable argument: no signature to keep
+        return body(*detached(args), policy)
     if type(recipe) is Recipe:
         if recipe.device == torch.cuda.current_device() and not launch_hooks_active():
             return recipe.replay(args)
