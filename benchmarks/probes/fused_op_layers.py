@@ -8,24 +8,9 @@ the eager path's microseconds go (cProfile inflates and blurs them; this times e
 from __future__ import annotations
 
 import argparse
-import time
 from collections.abc import Callable
 
-
-def per_call_us(fn: Callable[[], object], calls: int) -> float:
-    import torch
-
-    best = float("inf")
-    for _ in range(3):
-        for _ in range(20):
-            fn()
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-        best = min(best, (time.perf_counter() - start) / calls * 1e6)
-    return best
+from fused_op_host_cost import per_call_us  # this folder is on sys.path when the probe runs as a script
 
 
 def captured_launch(body: Callable[[], object]) -> tuple:
@@ -107,7 +92,7 @@ def main() -> None:
         ),
         "ones_like + sum backward only": lambda: x.sum().backward(),
     }
-    print(f"{'layer':<50} us per call (best of 3 x {calls})")
+    print(f"{'layer':<50} us per call ({calls} calls after 50 warm-up calls)")
     for name, fn_ in rows.items():
         print(f"{name:<50} {per_call_us(fn_, calls):8.1f}", flush=True)
 

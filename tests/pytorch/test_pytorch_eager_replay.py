@@ -104,6 +104,21 @@ def _run(fn, pinned, shapes, seed: int, dtype: torch.dtype) -> list:
     return [o.detach().clone() for o in outs] + [t.grad for t in leaves]
 
 
+def _compare_with_bodies(fn, pinned, shapes, monkeypatch) -> None:
+    """Calls 1-2 run the body (the second records), 3-5 replay, on fresh tensors each time; each equals the same
+    call with replaying off, bit for bit, in values and layout."""
+    replay.forget()
+    for seed in range(5):
+        replayed = _run(fn, pinned, shapes, seed, torch.bfloat16)
+        monkeypatch.setattr(replay, "ENABLED", False)
+        plain = _run(fn, pinned, shapes, seed, torch.bfloat16)
+        monkeypatch.setattr(replay, "ENABLED", True)
+        for a, b in zip(replayed, plain):
+            assert (a is None) == (b is None)
+            if a is not None:
+                assert a.shape == b.shape and a.stride() == b.stride() and torch.equal(a, b)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("name", list(_cases()))
@@ -113,17 +128,7 @@ def test_replayed_fused_ops_equal_their_bodies_bit_for_bit(name: str, monkeypatc
     from xpuruntime.pytorch.router import pin
 
     shapes, fn = _cases()[name]
-    pinned = pin(KernelPolicy.from_string(PATCH_POLICY))
-    replay.forget()
-    for seed in range(5):  # calls 1-2 run the body (the second records), 3-5 replay, on fresh tensors each time
-        replayed = _run(fn, pinned, shapes, seed, torch.bfloat16)
-        monkeypatch.setattr(replay, "ENABLED", False)
-        plain = _run(fn, pinned, shapes, seed, torch.bfloat16)
-        monkeypatch.setattr(replay, "ENABLED", True)
-        for a, b in zip(replayed, plain):
-            assert (a is None) == (b is None)
-            if a is not None:
-                assert a.shape == b.shape and a.stride() == b.stride() and torch.equal(a, b), name
+    _compare_with_bodies(fn, pin(KernelPolicy.from_string(PATCH_POLICY)), shapes, monkeypatch)
     recipes = [r for r in STATE.replay.recipes.values() if isinstance(r, replay.Recipe)]
     assert len(recipes) == 2, f"{name}: forward and backward bodies replayed ({STATE.replay.recipes.values()})"
 
@@ -139,18 +144,8 @@ def test_routed_norms_replay_bit_for_bit(op: str, monkeypatch) -> None:
     def norm(pinned, x, w, b):
         return F.layer_norm(x, (256,), w, b, 1e-5) if op == "layer_norm" else F.rms_norm(x, (256,), w, 1e-5)
 
-    shapes = ((6, 41, 256), (256,), (256,))
-    replay.forget()
     with xtorch.kernel_policy(**{op: "triton"}):
-        for seed in range(5):
-            replayed = _run(norm, None, shapes, seed, torch.bfloat16)
-            monkeypatch.setattr(replay, "ENABLED", False)
-            plain = _run(norm, None, shapes, seed, torch.bfloat16)
-            monkeypatch.setattr(replay, "ENABLED", True)
-            for a, b in zip(replayed, plain):
-                assert (a is None) == (b is None)
-                if a is not None:
-                    assert torch.equal(a, b), op
+        _compare_with_bodies(norm, None, ((6, 41, 256), (256,), (256,)), monkeypatch)
     recipes = [r for r in STATE.replay.recipes.values() if isinstance(r, replay.Recipe)]
     assert len(recipes) == 2, f"{op}: forward and backward bodies replayed ({STATE.replay.recipes.values()})"
 
