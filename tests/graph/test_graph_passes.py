@@ -15,6 +15,7 @@ from xpuruntime.graph.passes import (
     attention_fusion,
     constant_folding,
     conv_activation_fusion,
+    conv_regions,
     cse,
     dead_code,
     elementwise_fusion,
@@ -242,6 +243,49 @@ def test_conv_activation_fusion_leaves_a_shared_output_and_a_computed_bound() ->
     for nodes in (shared, computed):
         g = model(nodes, [vi("x", [1, 3, 4, 4])], [vi("y", [1, 3, 4, 4])], {"w": w})
         assert conv_activation_fusion.run(g, ctx()) == 0
+
+
+def residual_cnn() -> tuple[Graph, dict[str, np.ndarray]]:
+    """Conv, Relu, a grouped Conv, a residual Add, Relu (also a graph output), MaxPool, a dilated FusedConv, an Add
+    that broadcasts a constant, GlobalAveragePool: one region, with two outputs and a broadcast."""
+    w1, b1 = rng.standard_normal((4, 4, 3, 3)).astype(np.float32), rng.standard_normal(4).astype(np.float32)
+    w2 = rng.standard_normal((4, 2, 3, 1)).astype(np.float32)
+    w3, b3 = rng.standard_normal((6, 4, 3, 3)).astype(np.float32), rng.standard_normal(6).astype(np.float32)
+    shift = rng.standard_normal((1, 6, 1, 1)).astype(np.float32)
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"]),
+        helper.make_node("Conv", ["r1", "w2"], ["c2"], group=2, pads=[1, 0, 1, 0]),
+        helper.make_node("Add", ["c2", "x"], ["a"]),
+        helper.make_node("Relu", ["a"], ["r2"]),
+        helper.make_node("MaxPool", ["r2"], ["m"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
+        helper.make_node("Conv", ["m", "w3", "b3"], ["c3"], dilations=[2, 2], pads=[2, 2, 2, 2]),
+        helper.make_node("Relu", ["c3"], ["r3"]),
+        helper.make_node("Add", ["r3", "shift"], ["s"]),
+        helper.make_node("GlobalAveragePool", ["s"], ["y"]),
+    ]
+    g = model(nodes, [vi("x", [2, 4, 7, 5])], [vi("y", [2, 6, 1, 1]), vi("r2", [2, 4, 7, 5])],
+              {"w1": w1, "b1": b1, "w2": w2, "w3": w3, "b3": b3, "shift": shift})  # fmt: skip
+    conv_activation_fusion.run(g, ctx())  # as the pipeline runs it first: FusedConv nodes join regions too
+    return g, {"x": rng.standard_normal((2, 4, 7, 5)).astype(np.float32)}
+
+
+def test_conv_regions_run_a_cnn_on_onednn_layout_with_unchanged_outputs() -> None:
+    g, feeds = residual_cnn()
+    out = check_pass(g, conv_regions.run, feeds, atol=1e-4)
+    assert [n.op for n in out.nodes] == ["ConvRegion"]
+    assert out.nodes[0].outputs == ["r2", "y"] or sorted(out.nodes[0].outputs) == ["r2", "y"]
+    body = out.nodes[0].attrs["body"]
+    assert [n.op for n in body.nodes].count("FusedConv") == 2 and len(body.nodes) == 8
+
+
+def test_conv_regions_only_on_the_cpu_with_pytorch(monkeypatch) -> None:
+    from xpuruntime.onnx.ops import conv as conv_ops
+
+    g, _ = residual_cnn()
+    assert conv_regions.run(g.copy(), PassContext(ctx().available_ops, "cuda", ONNX_SEMANTICS)) == 0
+    monkeypatch.setattr(conv_ops, "CPU_TORCH", False)
+    assert conv_regions.run(g.copy(), ctx()) == 0
 
 
 def projections(biased: bool, k: int = 6) -> tuple[list, dict]:

@@ -63,17 +63,19 @@ def _reference(reference: ort.InferenceSession, name: str, inputs: dict) -> list
 # What each pass must fuse on the opset-18 exports (the same from both exporters): layers 2 per tiny text model,
 # so attention 2; BERT's 2 erf GELUs, GPT-2's 2 tanh GELUs; Llama's 5 RMSNorms (2 per layer and the final one);
 # on GPU graphs, every MatMul/Gemm with a bias (6 per BERT layer, 4 per GPT-2 or ViT layer, the classifier heads);
-# in the CNNs, every Conv whose output only an activation reads.
+# in the CNNs, every Conv whose output only an activation reads, and the oneDNN regions on the CPU graph.
 EXPECTED = {
     "bert": {"attention_fusion": 2, "gelu_fusion": 2, "linear_fusion": 12},
     "gpt2": {"attention_fusion": 2, "gelu_fusion": 2, "linear_fusion": 8},
     "llama": {"attention_fusion": 2, "rms_norm_fusion": 5},
     "vit_b16": {"attention_fusion": 2, "gelu_fusion": 2, "linear_fusion": 9},
-    "resnet50": {"linear_fusion": 1, "conv_activation_fusion": 9},  # the ReLU after each Conv not read by an Add
-    "mobilenet_v3": {"linear_fusion": 2, "conv_activation_fusion": 14},  # its HardSwish and ReLU convolutions
+    # the ReLU after each Conv not read by an Add; every Conv to the pooling in one oneDNN region
+    "resnet50": {"linear_fusion": 1, "conv_activation_fusion": 9, "conv_regions": 1},
+    # its HardSwish and ReLU convolutions; two runs of convolutions between HardSwish / squeeze-excite nodes
+    "mobilenet_v3": {"linear_fusion": 2, "conv_activation_fusion": 14, "conv_regions": 2},
 }
 FUSIONS = ("attention_fusion", "gelu_fusion", "rms_norm_fusion", "linear_fusion", "conv_bn_folding", "matmul_packing",
-           "conv_activation_fusion")  # fmt: skip
+           "conv_activation_fusion", "conv_regions")  # fmt: skip
 
 
 def _fused(data: bytes) -> dict[str, int]:

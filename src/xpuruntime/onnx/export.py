@@ -51,7 +51,11 @@ def _nodes(node: Node, with_values: bool) -> list[onnx.NodeProto]:
         for current, wanted in zip(node.inputs[len(declared) :], implicit)
         if current != wanted
     ]
-    attrs = {k: _attr(node, k, v, with_values) for k, v in node.attrs.items() if v is not None}
+    attrs = {
+        k: _attr(node, k, v, with_values)
+        for k, v in node.attrs.items()
+        if v is not None and not (isinstance(v, list | tuple) and not v)
+    }  # fmt: skip  (ONNX cannot type [])
     made = helper.make_node(node.op, declared, node.outputs, name=node.name, domain=node.domain or None, **attrs)
     return [*bridges, made]
 

@@ -20,6 +20,17 @@ SHAPE_DATA_ELEMENTS = 4096  # constants up to this size go to shape inference wi
 class OnnxSemantics:
     """ONNX ops as the op records define them (see graph.passes.OpSemantics)."""
 
+    @property
+    def conv_regions(self) -> bool:
+        """Whether the CPU path can run ConvRegion nodes: PyTorch with oneDNN (graph/passes/conv_regions.py)."""
+        from .ops import conv
+
+        if not conv.CPU_TORCH:
+            return False
+        import torch
+
+        return bool(torch.backends.mkldnn.is_available())
+
     def evaluate(
         self, node: Node, args: list[np.ndarray | None], opset: int, max_elements: int
     ) -> list[np.ndarray] | None:

@@ -27,6 +27,7 @@ from . import (
     constant_folding,
     conv_activation_fusion,
     conv_bn_folding,
+    conv_regions,
     cse,
     dead_code,
     elementwise_fusion,
@@ -102,6 +103,7 @@ PIPELINE: tuple[tuple[int, str, Pass], ...] = (
     (EXTENDED, "linear_fusion", linear_fusion.run),
     (EXTENDED, "conv_activation_fusion", conv_activation_fusion.run),
     (ALL, "matmul_packing", matmul_packing.run),
+    (ALL, "conv_regions", conv_regions.run),
     (ALL, "elementwise_fusion", elementwise_fusion.run),
     (BASIC, "dead_code", dead_code.run),
 )

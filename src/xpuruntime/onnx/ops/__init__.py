@@ -14,8 +14,9 @@ import importlib
 from .record import OPS, LoadContext, OpRecord
 
 FAMILIES = (
-    "attention", "bitwise", "control", "conv", "detection", "elementwise", "indexing", "linalg", "losses", "nn",
-    "pad", "pool", "quantize", "recurrent", "reduce", "resize", "rotary", "sampling", "shape", "spectral", "text",
+    "attention", "bitwise", "control", "conv", "conv_region", "detection", "elementwise", "indexing", "linalg",
+    "losses", "nn", "pad", "pool", "quantize", "recurrent", "reduce", "resize", "rotary", "sampling", "shape",
+    "spectral", "text",
 )  # fmt: skip
 for _family in FAMILIES:  # importing a family's module registers its ops
     importlib.import_module(f".{_family}", __name__)

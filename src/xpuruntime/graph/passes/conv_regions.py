@@ -1,0 +1,107 @@
+"""CPU convolution regions: a run of consecutive nodes that oneDNN's layout-keeping ops can all take becomes one
+`ConvRegion` node whose `body` holds them, run on oneDNN's blocked layout (onnx/ops/conv_region.py).
+
+On the CPU each Conv otherwise goes through PyTorch's F.conv2d on NCHW arrays, which reorders the input and the
+weights into oneDNN's blocked layout and the output back, on every call; inside a region the activations are
+reordered once on the way in and once on the way out, the weights once per session. On ResNet-50 (batch 2, one
+thread) that took the network from 0.72x onnxruntime's time in PyTorch eager to 0.88x (BENCHMARKS.md, zoo).
+
+Taken: Conv and FusedConv in 2-D (constant weights and bias, symmetric explicit pads, any group and dilation,
+FusedConv with Relu or no activation), Relu, Add of two 4-D tensors, MaxPool (2-D, symmetric pads, no
+dilation, no ceil mode, no indices) and GlobalAveragePool, on float32 4-D tensors; a run becomes a region when
+it holds at least MIN_CONVS convolutions. Only where the session runs on the CPU with PyTorch's oneDNN
+(`semantics.conv_regions`): the GPU path keeps cuDNN's convolutions.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..ir import Graph, Node, Value
+
+if TYPE_CHECKING:
+    from . import PassContext
+
+MIN_CONVS = 2  # a region pays two layout conversions per input and output: worth it from two convolutions
+
+
+def run(graph: Graph, ctx: PassContext) -> int:
+    if ctx.device != "cpu" or not getattr(ctx.semantics, "conv_regions", False):
+        return 0
+    changes = 0
+    runs, current = [], []
+    for node in graph.nodes:
+        if _takes(graph, node):
+            current.append(node)
+        else:
+            runs.append(current)
+            current = []
+    runs.append(current)
+    for nodes in runs:
+        if sum(n.op in ("Conv", "FusedConv") for n in nodes) >= MIN_CONVS:
+            _make_region(graph, nodes)
+            changes += 1
+    return changes
+
+
+def _make_region(graph: Graph, nodes: list[Node]) -> None:
+    """Replace the consecutive `nodes` by one ConvRegion node."""
+    produced = {o for n in nodes for o in n.outputs if o}
+    inputs = list(dict.fromkeys(i for n in nodes for i in n.inputs if i and i not in produced))
+    start = graph.nodes.index(nodes[0])
+    later = graph.nodes[start + len(nodes) :]
+    read_later = {i for n in later for i in n.inputs} | graph.output_names()
+    outputs = [o for n in nodes for o in n.outputs if o in read_later]
+    body = Graph(
+        [Node(n.op, list(n.inputs), list(n.outputs), dict(n.attrs), n.name) for n in nodes],
+        [graph.value(name) for name in inputs], [graph.value(name) for name in outputs],
+        values={o: graph.value(o) for o in produced}, opset=graph.opset, name="conv_region",
+    )  # fmt: skip
+    region = Node("ConvRegion", inputs, outputs, {"body": body}, graph.fresh_name("ConvRegion"))
+    graph.nodes[start : start + len(nodes)] = [region]
+
+
+def _takes(graph: Graph, node: Node) -> bool:
+    """Whether a region can run `node` (module docstring)."""
+    if node.domain or not node.inputs or not _float4d(graph.value(node.inputs[0])):
+        return False
+    if node.op in ("Conv", "FusedConv"):
+        return _conv(graph, node)
+    if node.op in ("Relu", "GlobalAveragePool"):
+        return True
+    if node.op == "Add":  # oneDNN adds equal shapes; the step broadcasts others through NCHW
+        return len(node.inputs) == 2 and _float4d(graph.value(node.inputs[1]))
+    if node.op == "MaxPool":
+        return _max_pool(node)
+    return False
+
+
+def _float4d(value: Value) -> bool:
+    return value.dtype == "float32" and value.shape is not None and len(value.shape) == 4
+
+
+def _conv(graph: Graph, node: Node) -> bool:
+    weight = graph.constant(node.inputs[1]) if len(node.inputs) > 1 else None
+    bias_name = node.inputs[2] if len(node.inputs) > 2 else ""
+    if weight is None or weight.ndim != 4 or (bias_name and graph.constant(bias_name) is None):
+        return False
+    if node.attrs.get("activation") not in (None, "Relu"):
+        return False
+    return _explicit_symmetric(node)
+
+
+def _max_pool(node: Node) -> bool:
+    kernel = node.attrs.get("kernel_shape", ())
+    if len(kernel) != 2 or int(node.attrs.get("ceil_mode", 0)) or int(node.attrs.get("storage_order", 0)):
+        return False
+    if any(int(d) != 1 for d in node.attrs.get("dilations", (1, 1))) or len([o for o in node.outputs if o]) != 1:
+        return False
+    return _explicit_symmetric(node)
+
+
+def _explicit_symmetric(node: Node) -> bool:
+    """No auto_pad, and pads (begin..., end...) equal at both ends of each spatial dim."""
+    if node.attrs.get("auto_pad", "NOTSET") not in ("NOTSET", b"NOTSET"):
+        return False
+    pads = [int(p) for p in node.attrs.get("pads", (0, 0, 0, 0))]
+    return len(pads) == 4 and pads[:2] == pads[2:]
