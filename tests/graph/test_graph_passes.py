@@ -245,7 +245,7 @@ def test_conv_activation_fusion_leaves_a_shared_output_and_a_computed_bound() ->
         assert conv_activation_fusion.run(g, ctx()) == 0
 
 
-def residual_cnn() -> tuple[Graph, dict[str, np.ndarray]]:
+def residual_cnn(fused: bool = True) -> tuple[Graph, dict[str, np.ndarray]]:
     """Conv, Relu, a grouped Conv, a residual Add, Relu (also a graph output), MaxPool, a dilated FusedConv, an Add
     that broadcasts a constant, GlobalAveragePool: one region, with two outputs and a broadcast."""
     w1, b1 = rng.standard_normal((4, 4, 3, 3)).astype(np.float32), rng.standard_normal(4).astype(np.float32)
@@ -266,7 +266,8 @@ def residual_cnn() -> tuple[Graph, dict[str, np.ndarray]]:
     ]
     g = model(nodes, [vi("x", [2, 4, 7, 5])], [vi("y", [2, 6, 1, 1]), vi("r2", [2, 4, 7, 5])],
               {"w1": w1, "b1": b1, "w2": w2, "w3": w3, "b3": b3, "shift": shift})  # fmt: skip
-    conv_activation_fusion.run(g, ctx())  # as the pipeline runs it first: FusedConv nodes join regions too
+    if fused:  # as the pipeline runs it first: FusedConv nodes join regions too
+        conv_activation_fusion.run(g, ctx())
     return g, {"x": rng.standard_normal((2, 4, 7, 5)).astype(np.float32)}
 
 
@@ -351,3 +352,22 @@ def test_pipeline_levels_keep_outputs(level: int) -> None:
     np.testing.assert_allclose(run_graph(optimized, feeds)[0], run_graph(g, feeds)[0], rtol=1e-5, atol=1e-6)
     if level == 99:
         assert [n.op for n in optimized.nodes] == ["fused_elementwise", "Softmax"]
+
+
+def test_a_session_saves_its_optimized_graph_with_a_conv_region(tmp_path) -> None:
+    """The region's body is a subgraph attribute (ONNX writes it) and FusedConv's empty activation_params is left
+    out (ONNX cannot type an empty list); the saved graph's region holds the FusedConv nodes."""
+    import onnx
+
+    from xpuruntime.onnx import InferenceSession, SessionOptions
+    from xpuruntime.onnx.export import to_onnx
+
+    g, feeds = residual_cnn(fused=False)
+    path = tmp_path / "optimized.onnx"
+    session = InferenceSession(to_onnx(g).SerializeToString(), SessionOptions(optimized_model_filepath=str(path)))
+    assert "ConvRegion" in session.graph.op_counts()
+    saved = onnx.load(str(path))
+    (region,) = [n for n in saved.graph.node if n.op_type == "ConvRegion"]
+    body = next(a.g for a in region.attribute if a.name == "body")
+    assert [n.op_type for n in body.node].count("FusedConv") == 2
+    np.testing.assert_allclose(session.run(None, feeds)[0], run_graph(g, feeds)[0], rtol=1e-5, atol=1e-4)
