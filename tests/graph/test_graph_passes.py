@@ -280,6 +280,43 @@ def test_conv_regions_run_a_cnn_on_onednn_layout_with_unchanged_outputs() -> Non
     assert [n.op for n in body.nodes].count("FusedConv") == 2 and len(body.nodes) == 8
 
 
+def squeeze_excite_cnn() -> tuple[Graph, dict[str, np.ndarray]]:
+    """MobileNetV3's pieces: a depthwise Conv + HardSwish, squeeze-excite (ReduceMean over H and W, 1x1 Conv + Relu,
+    1x1 Conv + PyTorch's HardSigmoid, a broadcast Mul), a Conv + Clip, a Conv + HardSigmoid of other constants
+    (applied after oneDNN's convolution) and a Sigmoid."""
+    c = 8
+    consts = {"wd": rng.standard_normal((c, 1, 3, 3)), "bd": rng.standard_normal(c), "w1": rng.standard_normal((4, c, 1, 1)),
+              "b1": rng.standard_normal(4), "w2": rng.standard_normal((c, 4, 1, 1)), "b2": rng.standard_normal(c),
+              "w3": rng.standard_normal((6, c, 1, 1)), "w4": rng.standard_normal((6, 6, 3, 3))}  # fmt: skip
+    consts = {k: v.astype(np.float32) for k, v in {**consts, "lo": np.array(-0.5), "hi": np.array(0.75)}.items()}
+    nodes = [
+        helper.make_node("Conv", ["x", "wd", "bd"], ["d"], group=c, pads=[1, 1, 1, 1]),
+        helper.make_node("HardSwish", ["d"], ["h"]),
+        helper.make_node("ReduceMean", ["h"], ["m"], axes=[2, 3], keepdims=1),
+        helper.make_node("Conv", ["m", "w1", "b1"], ["s1"]),
+        helper.make_node("Relu", ["s1"], ["r1"]),
+        helper.make_node("Conv", ["r1", "w2", "b2"], ["s2"]),
+        helper.make_node("HardSigmoid", ["s2"], ["g"], alpha=1 / 6, beta=0.5),
+        helper.make_node("Mul", ["h", "g"], ["e"]),
+        helper.make_node("Conv", ["e", "w3"], ["c3"]),
+        helper.make_node("Clip", ["c3", "lo", "hi"], ["k"]),
+        helper.make_node("Conv", ["k", "w4"], ["c4"], pads=[1, 1, 1, 1]),
+        helper.make_node("HardSigmoid", ["c4"], ["hs"], alpha=0.2, beta=0.4),
+        helper.make_node("Sigmoid", ["hs"], ["y"]),
+    ]
+    g = model(nodes, [vi("x", [2, c, 9, 7])], [vi("y", [2, 6, 9, 7])], consts)
+    conv_activation_fusion.run(g, ctx())
+    return g, {"x": rng.standard_normal((2, c, 9, 7)).astype(np.float32) * 2}
+
+
+def test_conv_regions_take_squeeze_excite_and_every_fused_activation() -> None:
+    g, feeds = squeeze_excite_cnn()
+    out = check_pass(g, conv_regions.run, feeds, atol=1e-4)
+    assert [n.op for n in out.nodes] == ["ConvRegion"]
+    ops = out.nodes[0].attrs["body"].op_counts()
+    assert ops == {"FusedConv": 5, "GlobalAveragePool": 1, "Mul": 1, "Sigmoid": 1}, ops
+
+
 def test_conv_regions_only_on_the_cpu_with_pytorch(monkeypatch) -> None:
     from xpuruntime.onnx.ops import conv as conv_ops
 

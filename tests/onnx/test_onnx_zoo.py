@@ -69,10 +69,10 @@ EXPECTED = {
     "gpt2": {"attention_fusion": 2, "gelu_fusion": 2, "linear_fusion": 8},
     "llama": {"attention_fusion": 2, "rms_norm_fusion": 5},
     "vit_b16": {"attention_fusion": 2, "gelu_fusion": 2, "linear_fusion": 9},
-    # the ReLU after each Conv not read by an Add; every Conv to the pooling in one oneDNN region
+    # the ReLU after each Conv not read by an Add; every Conv to the pooling in one channels-last region
     "resnet50": {"linear_fusion": 1, "conv_activation_fusion": 9, "conv_regions": 1},
-    # its HardSwish and ReLU convolutions; two runs of convolutions between HardSwish / squeeze-excite nodes
-    "mobilenet_v3": {"linear_fusion": 2, "conv_activation_fusion": 14, "conv_regions": 2},
+    # its HardSwish and ReLU convolutions; every Conv, squeeze-excite and residual add in one region
+    "mobilenet_v3": {"linear_fusion": 2, "conv_activation_fusion": 14, "conv_regions": 1},
 }
 FUSIONS = ("attention_fusion", "gelu_fusion", "rms_norm_fusion", "linear_fusion", "conv_bn_folding", "matmul_packing",
            "conv_activation_fusion", "conv_regions")  # fmt: skip

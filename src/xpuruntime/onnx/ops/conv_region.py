@@ -1,8 +1,9 @@
-"""ConvRegion (graph/passes/conv_regions.py): consecutive Conv / FusedConv (Relu) / Relu / Add / MaxPool /
-GlobalAveragePool nodes run on oneDNN's blocked layout through PyTorch's mkldnn tensors. The region's activation
-inputs are reordered into that layout once, its outputs back into NCHW arrays once; each convolution's weights
-are reordered once per weight array (kept while the same array comes back, run after run) for its padding,
-strides, dilations and groups, as torch.utils.mkldnn's modules do. CPU only (the pass makes regions only there).
+"""ConvRegion (graph/passes/conv_regions.py): consecutive convolutions, activations, residual adds, squeeze-excite
+products and pools run as PyTorch tensors in channels-last layout, the convolutions through oneDNN with weights
+reordered once per input shape (`torch.ops.mkldnn._reorder_convolution_weight`, as inductor's CPU code does) and the
+FusedConv's activation applied by oneDNN as a post-op. The region's inputs are made channels-last once on the way
+in and NCHW once on the way out; PyTorch's elementwise ops keep the layout in between. CPU only (the pass makes
+regions only there).
 """
 
 from __future__ import annotations
@@ -17,13 +18,37 @@ from .record import F, Fn, op, torch
 
 Step = Callable[[dict[str, Any], dict[str, np.ndarray]], None]
 
+# FusedConv activations oneDNN applies as a post-op: ONNX name -> (oneDNN's name, its scalars from the params)
+POST_OPS: dict[str, Callable[[list[float]], tuple[str, list[float]] | None]] = {
+    "Relu": lambda p: ("relu", []),
+    "Sigmoid": lambda p: ("sigmoid", []),
+    "Tanh": lambda p: ("tanh", []),
+    "HardSwish": lambda p: ("hardswish", []),
+    "LeakyRelu": lambda p: ("leaky_relu", [p[0]]),
+    "Clip": lambda p: ("hardtanh", [p[0], p[1]]),
+    "HardSigmoid": lambda p: ("hardsigmoid", []) if abs(p[0] - 1 / 6) < 1e-6 and p[1] == 0.5 else None,
+}
+UNARY: dict[str, Callable[[Any, Node], Any]] = {
+    "Relu": lambda x, node: torch.relu(x),
+    "Sigmoid": lambda x, node: torch.sigmoid(x),
+    "Tanh": lambda x, node: torch.tanh(x),
+    "HardSwish": lambda x, node: F.hardswish(x),
+    "HardSigmoid": lambda x, node: torch.clamp(
+        x * float(node.attrs.get("alpha", 0.2)) + float(node.attrs.get("beta", 0.5)), 0.0, 1.0
+    ),
+    "GlobalAveragePool": lambda x, node: x.mean((2, 3), keepdim=True),
+}
+BINARY = {"Add": "add", "Mul": "mul"}  # PyTorch's functions by name: torch is imported on first use
+MAX_SHAPES = 8  # reordered weights kept per convolution (one per input shape, the oldest dropped past this)
+
 
 def conv_region(node: Node, opset: int) -> Fn:
     body = node.attrs["body"]
     constants = {n.inputs[i] for n in body.nodes if n.op in ("Conv", "FusedConv") for i in (1, 2)
                  if len(n.inputs) > i and n.inputs[i]}  # fmt: skip
     names, outputs = list(node.inputs), list(node.outputs)
-    steps = [_step(n, _spare(body, outputs)) for n in body.nodes]
+    spare = _spare(body, outputs)
+    steps = [_step(n, spare) for n in body.nodes]
 
     def run(*arrays: np.ndarray) -> tuple[np.ndarray, ...]:
         env: dict[str, Any] = {}
@@ -33,24 +58,28 @@ def conv_region(node: Node, opset: int) -> Fn:
                 if name in constants:
                     given[name] = array
                 else:
-                    env[name] = torch.from_numpy(_writable(array)).to_mkldnn()
+                    env[name] = _channels_last(torch.from_numpy(_writable(array)))
             for step in steps:
                 step(env, given)
-            return tuple(env[name].to_dense().numpy() for name in outputs)
+            return tuple(env[name].contiguous().numpy() for name in outputs)
 
     return run
 
 
 def _writable(array: np.ndarray) -> np.ndarray:
-    """A C-contiguous float32 array PyTorch may view (a copy of a read-only or strided one)."""
-    if array.flags.writeable and array.flags.c_contiguous and array.dtype == np.float32:
+    """A float32 array PyTorch may view (a copy of a read-only or other-typed one)."""
+    if array.flags.writeable and array.dtype == np.float32:
         return array
     return np.array(array, np.float32)
 
 
+def _channels_last(t: Any) -> Any:
+    return t.contiguous(memory_format=torch.channels_last) if t.dim() == 4 else t
+
+
 def _spare(body: Any, outputs: list[str]) -> set[str]:
     """Values made inside the region that one node reads and the region does not return: that node may overwrite
-    them (in-place Relu and Add save a fresh tensor each, whose first touch costs page faults: a tenth of
+    them (an in-place Relu or Add saves a fresh tensor, whose first touch costs page faults: a tenth of
     ResNet-50's time at batch 8)."""
     reads: dict[str, int] = {}
     for n in body.nodes:
@@ -64,33 +93,28 @@ def _step(node: Node, spare: set[str]) -> Step:
     if node.op in ("Conv", "FusedConv"):
         return _conv_step(node)
     x, out = node.inputs[0], node.outputs[0]
-    if node.op == "Relu":
-        relu = torch.relu_ if x in spare else torch.relu
-        return lambda env, given: env.__setitem__(out, relu(env[x]))
-    if node.op == "Add":
+    if node.op == "Relu" and x in spare:
+        return lambda env, given: env.__setitem__(out, torch.relu_(env[x]))
+    if node.op in UNARY:
+        fn = UNARY[node.op]
+        return lambda env, given: env.__setitem__(out, fn(env[x], node))
+    if node.op in BINARY:
         a, b = node.inputs[:2]
         if a not in spare and b in spare:
             a, b = b, a
-        add = _add_in_place if a in spare else _add
-        return lambda env, given: env.__setitem__(out, add(env[a], env[b]))
-    if node.op == "GlobalAveragePool":
-        return lambda env, given: env.__setitem__(out, F.adaptive_avg_pool2d(env[x], 1))
+        in_place, fn = a in spare, getattr(torch, BINARY[node.op])
+        return lambda env, given: env.__setitem__(out, _binary(fn, env[a], env[b], in_place))
     kernel = [int(k) for k in node.attrs["kernel_shape"]]
     strides = [int(s) for s in node.attrs.get("strides", (1, 1))]
     pads = [int(p) for p in node.attrs.get("pads", (0, 0, 0, 0))][:2]
     return lambda env, given: env.__setitem__(out, F.max_pool2d(env[x], kernel, strides, pads))  # MaxPool
 
 
-def _add(a: Any, b: Any) -> Any:
-    """a + b: oneDNN's sum for equal shapes (a residual connection), else ONNX's broadcast through NCHW."""
-    if a.shape == b.shape:
-        return torch.add(a, b)
-    return torch.add(a.to_dense(), b.to_dense()).to_mkldnn()
-
-
-def _add_in_place(a: Any, b: Any) -> Any:
-    """a += b where the shapes are equal (a is spare), else `_add`."""
-    return a.add_(b) if a.shape == b.shape else _add(a, b)
+def _binary(fn: Any, a: Any, b: Any, in_place: bool) -> Any:
+    """fn(a, b) with ONNX's broadcasting; into `a` when it may be overwritten and already has the result's shape."""
+    if in_place and a.shape == torch.broadcast_shapes(a.shape, b.shape):
+        return fn(a, b, out=a)
+    return fn(a, b)
 
 
 def _conv_step(node: Node) -> Step:
@@ -100,20 +124,34 @@ def _conv_step(node: Node) -> Step:
     dilations = [int(d) for d in node.attrs.get("dilations", (1, 1))]
     pads = [int(p) for p in node.attrs.get("pads", (0, 0, 0, 0))][:2]
     group = int(node.attrs.get("group", 1))
-    relu = node.attrs.get("activation") == "Relu"
-    kept: list[Any] = [None, None, None, None]  # the weight and bias arrays, their oneDNN tensors
+    activation = node.attrs.get("activation")
+    params = [float(p) for p in node.attrs.get("activation_params", ())]
+    post = POST_OPS[activation](params) if activation else ("none", [])
+    after = None if post is not None else UNARY[activation]  # HardSigmoid with other constants than PyTorch's
+    attr, scalars = post or ("none", [])
+    kept: dict[tuple, Any] = {}  # (weight array id, bias array id, input shape) -> (arrays, reordered weight, bias)
 
     def step(env: dict[str, Any], given: dict[str, np.ndarray]) -> None:
-        w, b = given[w_name], given.get(b_name)
-        if kept[0] is not w or kept[1] is not b:
+        w, b, xt = given[w_name], given.get(b_name), _channels_last(env[x])
+        key = (id(w), id(b), tuple(xt.shape))
+        entry = kept.get(key)
+        if entry is None or entry[0][0] is not w or entry[0][1] is not b:
             dense = torch.from_numpy(np.array(w, np.float32))  # a writable copy: initializers are read-only
-            packed = torch._C._nn.mkldnn_reorder_conv2d_weight(dense.to_mkldnn(), pads, strides, dilations, group)
-            bias = np.zeros(w.shape[0], np.float32) if b is None else np.array(b, np.float32)
-            kept[:] = [w, b, packed, torch.from_numpy(bias).to_mkldnn()]
-        y = torch.mkldnn_convolution(env[x], kept[2], kept[3], pads, strides, dilations, group)
-        env[out] = torch.relu_(y) if relu else y
+            packed = torch.ops.mkldnn._reorder_convolution_weight(dense, pads, strides, dilations, group,
+                                                                  list(xt.shape))  # fmt: skip
+            bias = None if b is None else torch.from_numpy(np.array(b, np.float32))
+            if len(kept) >= MAX_SHAPES:
+                del kept[next(iter(kept))]
+            entry = kept[key] = ((w, b), packed, bias)
+        y = torch.ops.mkldnn._convolution_pointwise(xt, entry[1], entry[2], pads, strides, dilations, group, attr,
+                                                    scalars, "")  # fmt: skip
+        env[out] = y if after is None else after(y, _hard_sigmoid_node(params))
 
     return step
+
+
+def _hard_sigmoid_node(params: list[float]) -> Node:
+    return Node("HardSigmoid", [], [], {"alpha": params[0], "beta": params[1]})
 
 
 op("ConvRegion", conv_region, tuple_output=True)
