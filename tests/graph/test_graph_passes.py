@@ -408,3 +408,10 @@ def test_a_session_saves_its_optimized_graph_with_a_conv_region(tmp_path) -> Non
     body = next(a.g for a in region.attribute if a.name == "body")
     assert [n.op_type for n in body.node].count("FusedConv") == 2
     np.testing.assert_allclose(session.run(None, feeds)[0], run_graph(g, feeds)[0], rtol=1e-5, atol=1e-4)
+
+
+def test_a_region_adds_in_place_only_into_a_tensor_of_the_result_shape() -> None:
+    from xpuruntime.onnx.ops.conv_region import _covers
+
+    assert _covers((1, 72, 28, 28), (1, 72, 1, 1)) and _covers((2, 3), (3,)) and _covers((4, 5), ())
+    assert not _covers((1, 72, 1, 1), (1, 72, 28, 28)) and not _covers((3,), (2, 3)) and not _covers((2, 3), (2,))
