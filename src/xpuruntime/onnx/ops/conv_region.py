@@ -8,6 +8,7 @@ regions only there).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -146,7 +147,8 @@ def _conv_step(node: Node) -> Step:
                                                                   list(xt.shape))  # fmt: skip
             bias = None if b is None else torch.from_numpy(np.array(b, np.float32))
             if len(kept) >= MAX_SHAPES:
-                del kept[next(iter(kept))]
+                with contextlib.suppress(RuntimeError, StopIteration, KeyError):  # another thread's run evicted too
+                    del kept[next(iter(kept))]
             entry = kept[key] = ((w, b), packed, bias)
         y = torch.ops.mkldnn._convolution_pointwise(xt, entry[1], entry[2], pads, strides, dilations, group, attr,
                                                     scalars, "")  # fmt: skip
