@@ -415,3 +415,21 @@ def test_a_region_adds_in_place_only_into_a_tensor_of_the_result_shape() -> None
 
     assert _covers((1, 72, 28, 28), (1, 72, 1, 1)) and _covers((2, 3), (3,)) and _covers((4, 5), ())
     assert not _covers((1, 72, 1, 1), (1, 72, 28, 28)) and not _covers((3,), (2, 3)) and not _covers((2, 3), (2,))
+
+
+def test_a_region_reorders_weights_per_input_shape_and_forgets_old_shapes() -> None:
+    """Ten image sizes, then the first again: more than MAX_SHAPES reorderings per convolution, each right."""
+    from xpuruntime.onnx import InferenceSession
+    from xpuruntime.onnx.export import to_onnx
+    from xpuruntime.onnx.ops import conv_region
+
+    w1, w2 = (rng.standard_normal((4, 4, 3, 3)).astype(np.float32) for _ in range(2))
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c1"], ["r"]),
+             helper.make_node("Conv", ["r", "w2"], ["y"], pads=[1, 1, 1, 1])]  # fmt: skip
+    g = model(nodes, [vi("x", ["n", 4, "h", "w"])], [vi("y", ["n", 4, "h", "w"])], {"w1": w1, "w2": w2})
+    session = InferenceSession(to_onnx(g).SerializeToString())
+    assert "ConvRegion" in session.graph.op_counts()
+    sizes = [(5 + i, 3 + i % 4) for i in range(conv_region.MAX_SHAPES + 2)]
+    for h, w in [*sizes, sizes[0]]:
+        feeds = {"x": rng.standard_normal((1, 4, h, w)).astype(np.float32)}
+        np.testing.assert_allclose(session.run(None, feeds)[0], run_graph(g, feeds)[0], rtol=1e-5, atol=1e-4)
