@@ -433,3 +433,23 @@ def test_a_region_reorders_weights_per_input_shape_and_forgets_old_shapes() -> N
     for h, w in [*sizes, sizes[0]]:
         feeds = {"x": rng.standard_normal((1, 4, h, w)).astype(np.float32)}
         np.testing.assert_allclose(session.run(None, feeds)[0], run_graph(g, feeds)[0], rtol=1e-5, atol=1e-4)
+
+
+def test_a_region_sums_residuals_into_convolutions() -> None:
+    """conv(x) + conv'(x) then Relu (summed into the spare one, Relu fused), conv(r) + r (r read twice: a fresh
+    output), conv(t) + a broadcast constant (the shapes differ: separate operations); outputs unchanged."""
+    ws = {name: rng.standard_normal((4, 4, 3, 3)).astype(np.float32) for name in ("wa", "wb", "wc", "wd")}
+    nodes = [
+        helper.make_node("Conv", ["x", "wa"], ["a"], pads=[1, 1, 1, 1]),
+        helper.make_node("Conv", ["x", "wb"], ["b"], pads=[1, 1, 1, 1]),
+        helper.make_node("Add", ["a", "b"], ["s"]),
+        helper.make_node("Relu", ["s"], ["r"]),
+        helper.make_node("Conv", ["r", "wc"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("Add", ["c", "r"], ["t"]),
+        helper.make_node("Conv", ["t", "wd"], ["d"], pads=[1, 1, 1, 1]),
+        helper.make_node("Add", ["d", "shift"], ["y"]),
+    ]
+    shift = rng.standard_normal((1, 4, 1, 1)).astype(np.float32)
+    g = model(nodes, [vi("x", [2, 4, 6, 5])], [vi("y", [2, 4, 6, 5])], {**ws, "shift": shift})
+    out = check_pass(g, conv_regions.run, {"x": rng.standard_normal((2, 4, 6, 5)).astype(np.float32)}, atol=1e-4)
+    assert [n.op for n in out.nodes] == ["ConvRegion"]

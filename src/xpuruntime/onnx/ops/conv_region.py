@@ -49,7 +49,10 @@ def conv_region(node: Node, opset: int) -> Fn:
                  if len(n.inputs) > i and n.inputs[i]}  # fmt: skip
     names, outputs = list(node.inputs), list(node.outputs)
     spare = _spare(body, outputs)
-    steps = [_step(n, spare) for n in body.nodes]
+    residuals = _residuals(body, spare)
+    folded = {id(n) for conv, add, relu in residuals.values() for n in (conv, relu) if n is not None}
+    steps = [_residual_step(*residuals[id(n)], spare) if id(n) in residuals else _step(n, spare)
+             for n in body.nodes if id(n) not in folded]  # fmt: skip
 
     def run(*arrays: np.ndarray) -> tuple[np.ndarray, ...]:
         env: dict[str, Any] = {}
@@ -123,36 +126,102 @@ def _covers(big: tuple, small: tuple) -> bool:
     return len(small) <= len(big) and all(s in (1, b) for b, s in zip(big[len(big) - len(small) :], small))
 
 
+class _Conv:
+    """One convolution of a region: its geometry and its weights reordered per input shape."""
+
+    def __init__(self, node: Node) -> None:
+        self.x, self.w, self.out = node.inputs[0], node.inputs[1], node.outputs[0]
+        self.b = node.inputs[2] if len(node.inputs) > 2 else ""
+        self.strides = [int(s) for s in node.attrs.get("strides", (1, 1))]
+        self.dilations = [int(d) for d in node.attrs.get("dilations", (1, 1))]
+        self.pads = [int(p) for p in node.attrs.get("pads", (0, 0, 0, 0))][:2]
+        self.group = int(node.attrs.get("group", 1))
+        self.geometry = (self.pads, self.strides, self.dilations, self.group)
+        self.kept: dict[tuple, Any] = {}  # (weight id, bias id, input shape) -> (arrays, reordered weight, bias)
+
+    def operands(self, env: dict[str, Any], given: dict[str, np.ndarray]) -> tuple[Any, Any, Any]:
+        """(channels-last input, reordered weight, bias tensor or None) for this run."""
+        w, b, xt = given[self.w], given.get(self.b), _channels_last(env[self.x])
+        key = (id(w), id(b), tuple(xt.shape))
+        entry = self.kept.get(key)
+        if entry is None or entry[0][0] is not w or entry[0][1] is not b:
+            dense = torch.from_numpy(np.array(w, np.float32))  # a writable copy: initializers are read-only
+            packed = torch.ops.mkldnn._reorder_convolution_weight(dense, *self.geometry, list(xt.shape))
+            bias = None if b is None else torch.from_numpy(np.array(b, np.float32))
+            if len(self.kept) >= MAX_SHAPES:
+                with contextlib.suppress(RuntimeError, StopIteration, KeyError):  # another thread's run evicted too
+                    del self.kept[next(iter(self.kept))]
+            entry = self.kept[key] = ((w, b), packed, bias)
+        return xt, entry[1], entry[2]
+
+    def out_shape(self, xt: Any, w: np.ndarray) -> tuple[int, ...]:
+        spatial = (
+            (n + 2 * p - d * (k - 1) - 1) // s + 1
+            for n, p, d, k, s in zip(xt.shape[2:], self.pads, self.dilations, w.shape[2:], self.strides)
+        )
+        return (xt.shape[0], w.shape[0], *spatial)
+
+
 def _conv_step(node: Node) -> Step:
-    x, w_name, out = node.inputs[0], node.inputs[1], node.outputs[0]
-    b_name = node.inputs[2] if len(node.inputs) > 2 else ""
-    strides = [int(s) for s in node.attrs.get("strides", (1, 1))]
-    dilations = [int(d) for d in node.attrs.get("dilations", (1, 1))]
-    pads = [int(p) for p in node.attrs.get("pads", (0, 0, 0, 0))][:2]
-    group = int(node.attrs.get("group", 1))
+    conv = _Conv(node)
     activation = node.attrs.get("activation")
     params = [float(p) for p in node.attrs.get("activation_params", ())]
     post = POST_OPS[activation](params) if activation else ("none", [])
     after = None if post is not None else UNARY[activation]  # HardSigmoid with other constants than PyTorch's
     attr, scalars = post or ("none", [])
-    kept: dict[tuple, Any] = {}  # (weight array id, bias array id, input shape) -> (arrays, reordered weight, bias)
 
     def step(env: dict[str, Any], given: dict[str, np.ndarray]) -> None:
-        w, b, xt = given[w_name], given.get(b_name), _channels_last(env[x])
-        key = (id(w), id(b), tuple(xt.shape))
-        entry = kept.get(key)
-        if entry is None or entry[0][0] is not w or entry[0][1] is not b:
-            dense = torch.from_numpy(np.array(w, np.float32))  # a writable copy: initializers are read-only
-            packed = torch.ops.mkldnn._reorder_convolution_weight(dense, pads, strides, dilations, group,
-                                                                  list(xt.shape))  # fmt: skip
-            bias = None if b is None else torch.from_numpy(np.array(b, np.float32))
-            if len(kept) >= MAX_SHAPES:
-                with contextlib.suppress(RuntimeError, StopIteration, KeyError):  # another thread's run evicted too
-                    del kept[next(iter(kept))]
-            entry = kept[key] = ((w, b), packed, bias)
-        y = torch.ops.mkldnn._convolution_pointwise(xt, entry[1], entry[2], pads, strides, dilations, group, attr,
-                                                    scalars, "")  # fmt: skip
-        env[out] = y if after is None else after(y, _hard_sigmoid_node(params))
+        y = torch.ops.mkldnn._convolution_pointwise(*conv.operands(env, given), *conv.geometry, attr, scalars, "")
+        env[conv.out] = y if after is None else after(y, _hard_sigmoid_node(params))
+
+    return step
+
+
+def _residuals(body: Any, spare: set[str]) -> dict[int, tuple[Node, Node, Node | None]]:
+    """Residual connections oneDNN sums into a convolution (a "sum" post-op, then Relu as its unary post-op):
+    {id(Add): (Conv, Add, Relu or None)} for an Add one of whose inputs only it reads, made by a Conv with no
+    activation of its own, and a Relu where only it reads the Add's output."""
+    producer = {o: n for n in body.nodes for o in n.outputs}
+    reader = {name: n for n in body.nodes for name in n.inputs if name in spare}
+    found = {}
+    for add in (n for n in body.nodes if n.op == "Add"):
+        for mine in add.inputs[:2]:
+            conv = producer.get(mine)
+            if (
+                mine in spare
+                and conv is not None
+                and conv.op in ("Conv", "FusedConv")
+                and not conv.attrs.get("activation")
+            ):
+                relu = reader.get(add.outputs[0])
+                found[id(add)] = (conv, add, relu if relu is not None and relu.op == "Relu" else None)
+                break
+    return found
+
+
+def _residual_step(conv_node: Node, add: Node, relu: Node | None, spare: set[str]) -> Step:
+    """conv(x) + other (+ Relu) in one oneDNN call, into `other` when it is spare; other shapes (a broadcast)
+    take the separate operations."""
+    conv = _Conv(conv_node)
+    other = next(name for name in add.inputs[:2] if name != conv.out)
+    out = add.outputs[0] if relu is None else relu.outputs[0]
+    unary, in_place = ("relu" if relu is not None else None), other in spare
+
+    def step(env: dict[str, Any], given: dict[str, np.ndarray]) -> None:
+        xt, w, b = conv.operands(env, given)
+        summand = env[other]
+        if tuple(summand.shape) != conv.out_shape(xt, given[conv.w]):
+            y = torch.ops.mkldnn._convolution_pointwise(xt, w, b, *conv.geometry, "none", [], "") + summand
+            env[out] = y if relu is None else torch.relu_(y)
+            return
+        summand = _channels_last(summand)
+        if in_place:  # into the summand (read only here)
+            y = torch.ops.mkldnn._convolution_pointwise_.binary(summand, xt, w, b, *conv.geometry, "add", 1.0,
+                                                                unary, [], None)  # fmt: skip
+        else:
+            y = torch.ops.mkldnn._convolution_pointwise.binary(xt, summand, w, b, *conv.geometry, "add", 1.0, unary,
+                                                               [], None)  # fmt: skip
+        env[out] = y
 
     return step
 
