@@ -1,9 +1,10 @@
 """ConvRegion (graph/passes/conv_regions.py): consecutive convolutions, activations, residual adds, squeeze-excite
 products and pools run as PyTorch tensors in channels-last layout, the convolutions through oneDNN with weights
 reordered once per input shape (`torch.ops.mkldnn._reorder_convolution_weight`, as inductor's CPU code does) and the
-FusedConv's activation applied by oneDNN as a post-op. The region's inputs are made channels-last once on the way
-in and NCHW once on the way out; PyTorch's elementwise ops keep the layout in between. CPU only (the pass makes
-regions only there).
+FusedConv's activation applied by oneDNN as a post-op; a residual Add (and the Relu after it) is summed into the
+convolution that feeds it (`_residuals`). The region's inputs are made channels-last once on the way in and NCHW
+once on the way out; PyTorch's elementwise ops keep the layout in between, writing in place into values that only
+they read. CPU only (the pass makes regions only there).
 """
 
 from __future__ import annotations
