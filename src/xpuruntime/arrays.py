@@ -137,7 +137,7 @@ def describe_or_none(x: Any) -> TensorSpec | None:
     return describe(x)
 
 
-def _extent(t: TensorSpec) -> tuple[int, int]:
+def byte_range(t: TensorSpec) -> tuple[int, int]:
     """Byte range [lo, hi) that a view can touch."""
     lo = hi = 0
     for n, s in zip(t.shape, t.strides):
@@ -160,7 +160,7 @@ def overlaps(a: Any, b: Any) -> bool:
     sa, sb = describe(a), describe(b)
     if sa.device != sb.device:
         return False
-    (alo, ahi), (blo, bhi) = _extent(sa), _extent(sb)
+    (alo, ahi), (blo, bhi) = byte_range(sa), byte_range(sb)
     return alo < bhi and blo < ahi
 
 

@@ -37,7 +37,7 @@ def test_a_recipe_relaunches_at_the_recorded_offsets_and_rebuilds_the_outputs(mo
     launch = replay._launch_of((kernel, (3,), (x[16:], buffer[8:], 8), ()), sources)
     assert launch[3] == ((0, 0, 16), (1, 1, 8))  # (argument position, source, byte offset)
     outputs = replay._outputs_of((buffer[8:16], None, x), sources)
-    recipe = replay.Recipe(0, 1, ((tuple(buffer.shape), buffer.stride(), buffer.dtype),), (launch,), outputs)
+    recipe = replay.Recipe(0, ((tuple(buffer.shape), buffer.stride(), buffer.dtype),), (launch,), outputs)
 
     fresh = torch.randint(0, 255, (64,), dtype=torch.uint8)
     view, nothing, same = recipe.replay((fresh,))

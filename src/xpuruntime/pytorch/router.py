@@ -376,10 +376,19 @@ def runs_pytorch_kernel(op: str, inputs: tuple, policy: Any = None) -> bool | No
 def warn_no_kernel(op: str, why: str, policy: Any, where: str = "running PyTorch's kernel instead") -> None:
     """One warning per op and preferred kernel when PyTorch's kernel runs instead of the policy's."""
     preferred = policy.preferences.get(op)
-    if preferred is None or (op, preferred) in _router.warned:
-        return  # an op the policy does not name (e.g. a backward op) just keeps PyTorch's kernel
-    _router.warned.add((op, preferred))
-    warnings.warn(f"{why}; {where}", KernelFallbackWarning, stacklevel=4)
+    if preferred is not None:  # an op the policy does not name (e.g. a backward op) just keeps PyTorch's kernel
+        warn_once(_router.warned, (op, preferred), f"{why}; {where}", stacklevel=4)
+
+
+def warn_once(warned: set, key: Hashable, message: str, stacklevel: int = 1) -> None:
+    """A KernelFallbackWarning once per key of `warned` (a set that is emptied past _MAX_CACHED keys);
+    `stacklevel` counts from the caller, as for warnings.warn."""
+    if key in warned:
+        return
+    if len(warned) > _MAX_CACHED:
+        warned.clear()
+    warned.add(key)
+    warnings.warn(message, KernelFallbackWarning, stacklevel=stacklevel + 1)
 
 
 # -- values fixed by the op schemas ---------------------------------------------------------------------

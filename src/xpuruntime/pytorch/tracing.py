@@ -25,14 +25,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import warnings
 from typing import Any
 
 import torch
 
 from .. import log
 from ..abi import TensorSpec
-from ..errors import KernelFallbackWarning, UnsupportedByPolicyError, XpuRuntimeError
+from ..errors import UnsupportedByPolicyError, XpuRuntimeError
 from ..explanation import Explanation, explain_call
 from ..policy import AUTOTUNE, KernelPolicy, current_policy
 from .router import (
@@ -43,6 +42,7 @@ from .router import (
     remember_compiled,
     routing_token,
     tensor_specs,
+    warn_once,
 )
 from .state import STATE
 
@@ -160,12 +160,7 @@ def declined(op: str, why: str, policy: KernelPolicy, args: tuple = (), origin: 
         shapes = tuple(tuple(int(n) for n in a.shape) if _concrete(a) else () for a in tensors)
         dtype = str(tensors[0].dtype).removeprefix("torch.") if tensors else ""
         log.log_record(op, "torch", "torch", "fallback", shapes, dtype, origin or "eager")
-    if (op, why) in _tracing.warned:
-        return
-    if len(_tracing.warned) > 1024:
-        _tracing.warned.clear()
-    _tracing.warned.add((op, why))
-    warnings.warn(f"{message}; PyTorch's kernel runs it", KernelFallbackWarning, stacklevel=4)
+    warn_once(_tracing.warned, (op, why), f"{message}; PyTorch's kernel runs it", stacklevel=4)
 
 
 def _concrete(t: Any) -> bool:

@@ -150,7 +150,10 @@ def _specs(args: tuple) -> tuple:
 
 def launch_hooks_active() -> bool:
     """Whether Triton's launch hooks (a profiler's) are set: launches must then go through Triton's own path."""
-    runtime = (_RUNTIME or _runtime())[0]
+    return _hooked((_RUNTIME or _runtime())[0])
+
+
+def _hooked(runtime: Any) -> bool:
     return hook_active(runtime.launch_enter_hook) or hook_active(runtime.launch_exit_hook)
 
 
@@ -189,8 +192,8 @@ def launch(fn: Any, grid: tuple[int, ...], *args: Any, num_warps: int = 4, num_s
         if CAPTURE.capture is not None:
             CAPTURE.capture.launches.append(None)  # nothing to relaunch: the interpreter ran it on the host
         return None
-    runtime, current_device, current_stream = _RUNTIME or _runtime()
-    hooked = hook_active(runtime.launch_enter_hook) or hook_active(runtime.launch_exit_hook)
+    runtime, current_device, stream_of = _RUNTIME or _runtime()
+    hooked = _hooked(runtime)
     device = current_device()  # a compiled kernel is loaded per device
     key = (fn, device, num_warps, num_stages, tuple(constexprs.items()), _specs(args))
     entry = None if hooked else _COMPILED.get(key)
@@ -206,6 +209,6 @@ def launch(fn: Any, grid: tuple[int, ...], *args: Any, num_warps: int = 4, num_s
         CAPTURE.capture.launches.append((kernel, grid, args, tail))
     g1 = grid[1] if len(grid) > 1 else 1
     g2 = grid[2] if len(grid) > 2 else 1
-    stream = current_stream(device)
+    stream = stream_of(device)
     kernel.run(grid[0], g1, g2, stream, kernel.function, kernel.packed_metadata, None, None, None, *args, *tail)
     return kernel

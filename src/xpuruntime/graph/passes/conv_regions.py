@@ -51,13 +51,14 @@ def run(graph: Graph, ctx: PassContext) -> int:
 def _make_region(graph: Graph, nodes: list[Node]) -> None:
     """Replace the consecutive `nodes` by one ConvRegion node."""
     produced = {o for n in nodes for o in n.outputs if o}
-    inputs = list(dict.fromkeys(i for n in map(_inner, nodes) for i in n.inputs if i and i not in produced))
+    inner = [_inner(n) for n in nodes]
+    inputs = list(dict.fromkeys(i for n in inner for i in n.inputs if i and i not in produced))
     start = graph.nodes.index(nodes[0])
     later = graph.nodes[start + len(nodes) :]
     read_later = {i for n in later for i in n.inputs} | graph.output_names()
     outputs = [o for n in nodes for o in n.outputs if o in read_later]
     body = Graph(
-        [_inner(n) for n in nodes],
+        inner,
         [graph.value(name) for name in inputs], [graph.value(name) for name in outputs],
         values={o: graph.value(o) for o in produced}, opset=graph.opset, name="conv_region",
     )  # fmt: skip

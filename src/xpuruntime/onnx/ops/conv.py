@@ -99,7 +99,7 @@ class _CpuTorch:
 
 
 # FusedConv (graph/passes/conv_activation_fusion) is a Conv whose activation runs in place on its output
-def _activate_torch(y: Any, activation: str | None, params: list[float]) -> Any:
+def activate_in_place(y: Any, activation: str | None, params: list[float]) -> Any:
     """The activation applied in place to a fresh convolution output (a tensor); None: none."""
     if activation is None:
         return y
@@ -155,7 +155,7 @@ def conv(node: Node, opset: int) -> Fn:
     def run(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
         win, group = conv_window(node, x, w)
         if CPU_TORCH and _torch_conv(len(win.out)) is not None:
-            convolve = lambda *t: _activate_torch(conv_with_torch(*t, win, group), activation, params)  # noqa: E731
+            convolve = lambda *t: activate_in_place(conv_with_torch(*t, win, group), activation, params)  # noqa: E731
             return on_cpu_torch(convolve, x, w, b)
         y = conv_im2col(x.astype(np.float32) if x.dtype == np.float16 else x, w.astype(x.dtype), b, win, group)
         return _activate_numpy(y, activation, params).astype(x.dtype, copy=False)
@@ -168,7 +168,7 @@ def conv_torch(node: Node, opset: int) -> Fn:
 
     def run(x: Any, w: Any, b: Any = None) -> Any:
         win, group = conv_window(node, x, w)
-        return _activate_torch(conv_with_torch(x, w, b, win, group), activation, params)
+        return activate_in_place(conv_with_torch(x, w, b, win, group), activation, params)
 
     return run
 

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from ...graph.ir import Node
+from .conv import activate_in_place
 from .record import F, Fn, op, torch
 
 Step = Callable[[dict[str, Any], dict[str, np.ndarray]], None]
@@ -30,15 +31,13 @@ POST_OPS: dict[str, Callable[[list[float]], tuple[str, list[float]] | None]] = {
     "Clip": lambda p: ("hardtanh", [p[0], p[1]]),
     "HardSigmoid": lambda p: ("hardsigmoid", []) if abs(p[0] - 1 / 6) < 1e-6 and p[1] == 0.5 else None,
 }
-UNARY: dict[str, Callable[[Any, Node], Any]] = {
-    "Relu": lambda x, node: torch.relu(x),
-    "Sigmoid": lambda x, node: torch.sigmoid(x),
-    "Tanh": lambda x, node: torch.tanh(x),
-    "HardSwish": lambda x, node: F.hardswish(x),
-    "HardSigmoid": lambda x, node: torch.clamp(
-        x * float(node.attrs.get("alpha", 0.2)) + float(node.attrs.get("beta", 0.5)), 0.0, 1.0
-    ),
-    "GlobalAveragePool": lambda x, node: x.mean((2, 3), keepdim=True),
+UNARY: dict[str, Callable[[Node], Callable[[Any], Any]]] = {  # op -> (node -> its function of one tensor)
+    "Relu": lambda node: torch.relu,
+    "Sigmoid": lambda node: torch.sigmoid,
+    "Tanh": lambda node: torch.tanh,
+    "HardSwish": lambda node: F.hardswish,
+    "HardSigmoid": lambda node: _hard_sigmoid(float(node.attrs.get("alpha", 0.2)), float(node.attrs.get("beta", 0.5))),
+    "GlobalAveragePool": lambda node: lambda x: x.mean((2, 3), keepdim=True),
 }
 BINARY = {"Add": "add", "Mul": "mul"}  # PyTorch's functions by name: torch is imported on first use
 MAX_SHAPES = 8  # reordered weights kept per convolution (one per input shape, the oldest dropped past this)
@@ -101,8 +100,8 @@ def _step(node: Node, spare: set[str]) -> Step:
     if node.op == "Relu" and x in spare:
         return lambda env, given: env.__setitem__(out, torch.relu_(env[x]))
     if node.op in UNARY:
-        fn = UNARY[node.op]
-        return lambda env, given: env.__setitem__(out, fn(env[x], node))
+        fn = UNARY[node.op](node)
+        return lambda env, given: env.__setitem__(out, fn(env[x]))
     if node.op in BINARY:
         a, b = node.inputs[:2]
         if a not in spare and b in spare:
@@ -113,6 +112,10 @@ def _step(node: Node, spare: set[str]) -> Step:
     strides = [int(s) for s in node.attrs.get("strides", (1, 1))]
     pads = [int(p) for p in node.attrs.get("pads", (0, 0, 0, 0))][:2]
     return lambda env, given: env.__setitem__(out, F.max_pool2d(env[x], kernel, strides, pads))  # MaxPool
+
+
+def _hard_sigmoid(alpha: float, beta: float) -> Callable[[Any], Any]:
+    return lambda x: torch.clamp(x * alpha + beta, 0.0, 1.0)
 
 
 def _binary(fn: Any, a: Any, b: Any, in_place: bool) -> Any:
@@ -168,12 +171,12 @@ def _conv_step(node: Node) -> Step:
     activation = node.attrs.get("activation")
     params = [float(p) for p in node.attrs.get("activation_params", ())]
     post = POST_OPS[activation](params) if activation else ("none", [])
-    after = None if post is not None else UNARY[activation]  # HardSigmoid with other constants than PyTorch's
+    after = activation if post is None else None  # HardSigmoid with other constants than PyTorch's: applied after
     attr, scalars = post or ("none", [])
 
     def step(env: dict[str, Any], given: dict[str, np.ndarray]) -> None:
         y = torch.ops.mkldnn._convolution_pointwise(*conv.operands(env, given), *conv.geometry, attr, scalars, "")
-        env[conv.out] = y if after is None else after(y, _hard_sigmoid_node(params))
+        env[conv.out] = activate_in_place(y, after, params)
 
     return step
 
@@ -225,10 +228,6 @@ def _residual_step(conv_node: Node, add: Node, relu: Node | None, spare: set[str
         env[out] = y
 
     return step
-
-
-def _hard_sigmoid_node(params: list[float]) -> Node:
-    return Node("HardSigmoid", [], [], {"alpha": params[0], "beta": params[1]})
 
 
 op("ConvRegion", conv_region, tuple_output=True)

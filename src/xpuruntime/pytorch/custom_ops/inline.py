@@ -19,16 +19,15 @@ warning, a kernel whose tracing fails. Export keeps every custom op opaque (as P
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch._subclasses.functional_tensor import FunctionalTensorMode
 
-from ...errors import KernelFallbackWarning, XpuRuntimeError
+from ...errors import XpuRuntimeError
 from ...runtime.traced import NotTraceable
-from ..router import guard_routing
+from ..router import guard_routing, warn_once
 from ..state import STATE
 
 
@@ -65,25 +64,13 @@ def _trace(name: str, mode: Any, body: Callable[..., Any], args: tuple, kwargs: 
     except XpuRuntimeError:
         raise
     except Exception as exc:
-        _warn_once(name, f"{type(exc).__name__}: {str(exc)[:200]}")
+        why = f"{type(exc).__name__}: {str(exc)[:200]}"
+        message = (f"{name}: its kernel could not be traced into the compiled graph ({why}); it runs as one op, "
+                   "dispatched when the graph runs")  # fmt: skip
+        warn_once(STATE.tracing.warned, (f"inline {name}", why), message)
         return None
     finally:
         threads.inlining -= 1
-
-
-def _warn_once(name: str, why: str) -> None:
-    key = (f"inline {name}", why)
-    if key in STATE.tracing.warned:
-        return
-    if len(STATE.tracing.warned) > 1024:
-        STATE.tracing.warned.clear()
-    STATE.tracing.warned.add(key)
-    warnings.warn(
-        f"{name}: its kernel could not be traced into the compiled graph ({why}); it runs as one op, dispatched "
-        "when the graph runs",
-        KernelFallbackWarning,
-        stacklevel=2,
-    )
 
 
 def _tracer_tensors_only(types: Any) -> bool:

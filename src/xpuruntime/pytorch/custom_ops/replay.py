@@ -24,12 +24,13 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ... import log
+from ...arrays import byte_range, describe
 from ...policy import current_policy
 from ...runtime.launch_capture import capturing
 from ..router import get_dispatcher
@@ -170,7 +171,7 @@ def _record(body: Callable[..., Any], args: tuple, policy: Any) -> tuple[Any, Re
     except _Unmapped as exc:
         return out, f"{REFUSED}: {exc}"
     allocations = tuple((tuple(t.shape), t.stride(), t.dtype) for t in watch.allocations)
-    return out, Recipe(torch.cuda.current_device(), len(sources) - len(allocations), allocations, launches, outputs)
+    return out, Recipe(torch.cuda.current_device(), allocations, launches, outputs)
 
 
 class _Unmapped(Exception):
@@ -181,16 +182,12 @@ def _source_of(t: torch.Tensor, sources: list) -> tuple[int, int]:
     """(index of the source whose memory holds t's first element, byte offset of it there)."""
     ptr, found = t.data_ptr(), []
     for i, s in enumerate(sources):
-        start = s.data_ptr()
-        if s.numel() and start <= ptr < start + _extent(s):
-            found.append((i, ptr - start))
+        start, end = byte_range(describe(s))
+        if start <= ptr < end:
+            found.append((i, ptr - s.data_ptr()))
     if len(found) != 1 or t.numel() == 0:
         raise _Unmapped(f"a tensor at {len(found)} sources ({tuple(t.shape)}, {t.dtype})")
     return found[0]
-
-
-def _extent(t: torch.Tensor) -> int:
-    return (1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))) * t.element_size()
 
 
 def _launch_of(launch: tuple, sources: list) -> tuple:
@@ -219,20 +216,26 @@ def _outputs_of(out: Any, sources: list) -> Any:
     if out.dtype != base.dtype or offset % out.element_size():
         raise _Unmapped("an output viewing its source as another dtype")
     if out is base:
-        return (source, None)
-    return (source, (tuple(out.shape), out.stride(), base.storage_offset() + offset // out.element_size()))
+        return _View(source, None)
+    return _View(source, (tuple(out.shape), out.stride(), base.storage_offset() + offset // out.element_size()))
 
 
 # -- replaying ----------------------------------------------------------------------------------------------
 
 
+class _View(NamedTuple):
+    """One output of a recipe: sources[source] itself (view None) or its (shape, stride, storage offset) view."""
+
+    source: int
+    view: tuple | None
+
+
 @dataclass(frozen=True)
 class Recipe:
     """A body's launches for one signature (module docstring): sources are the call's tensors, then the
-    allocations; outputs are (source, None) for a source itself or (source, (shape, stride, storage offset))."""
+    allocations; outputs are `_View`s (None for an absent output, tuples for several)."""
 
     device: int
-    n_inputs: int
     allocations: tuple[tuple[tuple[int, ...], tuple[int, ...], torch.dtype], ...]
     launches: tuple[tuple[Any, tuple[int, int, int], list, tuple, tuple], ...]
     outputs: Any
@@ -253,10 +256,9 @@ class Recipe:
 
 
 def _rebuild(spec: Any, sources: list) -> Any:
-    if type(spec) is tuple and (not spec or type(spec[0]) is not int):
-        return tuple(_rebuild(s, sources) for s in spec)
     if spec is None:
         return None
-    source, view = spec
-    base = sources[source]
-    return base if view is None else base.as_strided(*view)
+    if type(spec) is not _View:
+        return tuple(_rebuild(s, sources) for s in spec)
+    base = sources[spec.source]
+    return base if spec.view is None else base.as_strided(*spec.view)
