@@ -276,6 +276,27 @@ def test_bf16_autocast_follows_what_the_replaced_code_gets():
     assert loss.dtype == torch.float32
 
 
+def test_autocast_linear_cross_entropy_takes_the_fp32_weight_and_returns_its_gradient_in_fp32():
+    """Under autocast the head's fp32 weight enters the op uncast (cast inside it), so its gradient is made in fp32
+    and becomes .grad directly: no cast node between the weight and the loss, no half-precision gradient."""
+    torch.manual_seed(0)
+    x = torch.randn(3, 7, 16, requires_grad=True)
+    weight = torch.randn(37, 16, requires_grad=True)
+    target = torch.randint(0, 37, (3, 7))
+    target[0, :3] = -100
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = xtorch.ops.linear_cross_entropy(x, weight, target)
+    assert [type(f[0]).__name__ for f in loss.grad_fn.next_functions if f[0] is not None].count("AccumulateGrad") == 1
+    loss.backward()
+    assert weight.grad.dtype == torch.float32 and x.grad.dtype == torch.float32
+    xr, wr = (t.detach().bfloat16().double().requires_grad_() for t in (x, weight))
+    reference = F.cross_entropy((xr @ wr.t()).reshape(-1, 37), target.reshape(-1))
+    reference.backward()
+    torch.testing.assert_close(loss.double(), reference, rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(weight.grad.double(), wr.grad, rtol=2e-2, atol=2e-3)
+    torch.testing.assert_close(x.grad.double(), xr.grad, rtol=2e-2, atol=2e-3)
+
+
 def test_unused_outputs_get_zero_gradients():
     q, k = torch.randn(2, 4, 5, 8, requires_grad=True), torch.randn(2, 2, 5, 8, requires_grad=True)
     cos, sin = torch.randn(2, 5, 8), torch.randn(2, 5, 8)
@@ -303,6 +324,8 @@ def test_unused_outputs_get_zero_gradients():
          "linear_cross_entropy: argument 'target' expected shape"),
         (lambda: xtorch.ops.linear_cross_entropy(torch.randn(2, 8), torch.randn(11, 8), torch.zeros(2).long(),
                                                  reduction="avg"), "argument 'reduction'"),
+        (lambda: xtorch.ops.linear_cross_entropy(torch.randn(2, 8), torch.randn(11, 8).double(),
+                                                 torch.zeros(2).long()), "linear_cross_entropy: argument 'weight'"),
         (lambda: xtorch.ops.rms_norm(torch.randn(3, 8), 8, casting="gemma"), "rms_norm: argument 'casting'"),
         (lambda: xtorch.ops.add_layer_norm(torch.randn(3, 8), torch.randn(3, 6)), "add_layer_norm: argument 'residual'"),
     ],

@@ -278,6 +278,35 @@ def test_linear_cross_entropy(rng, monkeypatch, dtype, case) -> None:
 
 
 @kernel_test
+@pytest.mark.parametrize("chunks", [1, 3])
+def test_linear_cross_entropy_fp32_gradients_of_half_inputs(rng, monkeypatch, chunks) -> None:
+    """fp32 weight and bias gradient buffers beside half inputs (an fp32 master weight's gradient, as the PyTorch
+    front end asks under autocast): summed over the chunks straight into the poisoned buffers, an odd vocabulary
+    padded on the device and its extra rows never written out."""
+    from xpuruntime.backends.triton import cross_entropy
+    from xpuruntime.dispatch import run
+
+    rows, vocab = size(2048, 13), size(32003, 53)
+    monkeypatch.setattr(cross_entropy, "PAD_DEVICES", ("cuda", "cpu"))
+    monkeypatch.setattr(cross_entropy, "LOGITS_CHUNK_BYTES", -(-rows // chunks) * (vocab + 64) * 2)
+    hidden = make(rng, (rows, HIDDEN), "float16")
+    weight = make(rng, (vocab, HIDDEN), "float16", scale=HIDDEN**-0.5)
+    bias = make(rng, (vocab,), "float16")
+    target = rng.integers(0, vocab, rows)
+    target[rng.random(rows) < 0.25] = -100
+    target_d = torch.tensor(target, device="cuda") if ON_GPU else target
+    grads = (poisoned((rows, HIDDEN), "float16"), poisoned((vocab, HIDDEN), "float32"), poisoned((vocab,), "float32"))
+    options = (-100, 0.05, "mean", 0.0)
+    with strict(linear_cross_entropy="triton"):
+        loss = run("linear_cross_entropy", (hidden, weight, target_d, bias, *grads), options)
+    args64 = (f64(hidden), f64(weight), target, f64(bias))
+    assert_close(loss, lce_reference(*args64, None, None, None, *options), "float16", 5e-3)
+    for got, want, dtype in zip(grads, gradients_reference(1.0, *args64, *options), ("float16", "float32", "float32")):
+        assert str(got.dtype).removeprefix("torch.") == dtype
+        assert_close(got, want, "float16", 5e-3)  # half inputs: half's rounding of float64's
+
+
+@kernel_test
 @pytest.mark.parametrize("reduction", ["mean", "sum"])
 def test_linear_cross_entropy_half_gradients_do_not_underflow(rng, reduction) -> None:
     """A small loss gradient shared by every row (1e-3 per row here; "mean" over thousands of rows gives such): the

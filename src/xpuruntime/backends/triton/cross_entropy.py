@@ -9,13 +9,15 @@ gradient pass), writes the row's loss and overwrites the logits with (eps = labe
 output rows) and grad_weight += dz.T @ hidden_c, accumulated in fp32 across chunks (cuBLAS with beta = 1 where
 PyTorch offers an fp32-output GEMM of half inputs, else via an fp32 product), grad_bias += the column sums.
 
-On a CUDA device an odd vocabulary is padded with zero weight rows (`_padded_rows`). Only one (C, V) logits
-chunk is alive: C is chosen so that it takes LOGITS_CHUNK_BYTES at most (128 MiB:
-2048 rows of a 32000-token vocabulary in bf16). Larger chunks would read and write the fp32 grad_weight
-accumulator fewer times (each pass moves 8 * V * H bytes); at C >= 1024 that GEMM is compute-bound, so
-the budget costs little time. Scratch buffers come from PyTorch's caching allocator (transient: the step's
-backward reuses them), not the runtime's per-thread workspace, which would hold them for good. Nothing syncs
-with the host: counts and scales stay on the device, so a CUDA graph can capture the whole op.
+On a CUDA device an odd vocabulary is padded with zero weight rows (`_padded_rows`); the padded columns'
+gradients are never summed. Only one (C, V) logits chunk is alive: C is chosen so that it takes
+LOGITS_CHUNK_BYTES at most (64 MiB: 1024 rows of a 32000-token vocabulary in bf16), for the chunk is part of a
+training step's peak memory. Larger chunks would read and write the fp32 grad_weight sum fewer times (each
+pass moves 8 * V * H bytes); at C >= 1024 that GEMM is compute-bound, so the budget costs little time. An fp32
+gradient buffer (a master weight's) is the sum itself. Scratch buffers come from PyTorch's caching allocator
+(transient: the step's backward reuses them), not the runtime's per-thread workspace, which would hold them for
+good. Nothing syncs with the host: counts and scales stay on the device, so a CUDA graph can capture the whole
+op.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from ...context import DispatchContext
 from ...registry import kernel
 from .common import FLOAT_DTYPES, INTERPRET, as_torch, launch, next_pow2, no_negative_strides
 
-LOGITS_CHUNK_BYTES = 128 << 20
+LOGITS_CHUNK_BYTES = 64 << 20
 MAX_ONE_PASS = 32768  # vocabulary entries of a row kept in registers
 LOOP_BLOCK = 8192
 VOCAB_ALIGN = 64  # the GEMMs run on a vocabulary padded to a multiple of this (`_padded_rows`)
@@ -188,30 +190,29 @@ class _Chunks:
                 out_rows = grad_hidden.view(self.n, self.width)[start : start + rows.shape[0]]
                 torch.mm(z, self.weight, out=out_rows)
                 _scaled(out_rows, factor)
+            dz_t = z[:, : self.vocab].t()  # a padded vocabulary's extra columns have no gradient to keep
             if accumulators[0] is not None:
-                self._accumulate(accumulators[0], grad_weight, z.t(), rows, start)
+                self._accumulate(accumulators[0], dz_t, rows)
             if accumulators[1] is not None:
-                self._accumulate(accumulators[1], grad_bias, z.t(), None, start)
+                self._accumulate(accumulators[1], dz_t, None)
         for acc, buffer in zip(accumulators, (grad_weight, grad_bias)):
             if acc is None:
                 continue
             _scaled(acc, factor)
             if acc is not buffer:
-                buffer.copy_(acc[: self.vocab])
+                buffer.copy_(acc)
 
     def _accumulator(self, buffer: torch.Tensor | None, step: int, factor: Any) -> torch.Tensor | None:
-        """Where a parameter gradient sums over chunks: the buffer itself when it is fp32, or when there is one
-        chunk and no shared factor to apply after it (and the vocabulary was not padded); else an fp32 sum."""
+        """Where a parameter gradient sums over chunks: the buffer itself when it is fp32 (a master weight's
+        gradient), or when there is one chunk and no shared factor to apply after it; else an fp32 sum."""
         if buffer is None:
             return None
-        padded = self.weight.shape[0]
         single = self.n <= step and factor is None
-        if padded == self.vocab and (buffer.dtype == torch.float32 or single):
+        if buffer.dtype == torch.float32 or single:
             return buffer.zero_()
-        dtype = buffer.dtype if single else torch.float32
-        return torch.zeros((padded, *buffer.shape[1:]), dtype=dtype, device=buffer.device)
+        return torch.zeros(buffer.shape, dtype=torch.float32, device=buffer.device)
 
-    def _accumulate(self, acc: torch.Tensor, buffer: torch.Tensor, dz_t: torch.Tensor, rows: Any, start: int) -> None:
+    def _accumulate(self, acc: torch.Tensor, dz_t: torch.Tensor, rows: Any) -> None:
         if rows is None:  # bias: the column sums of dz
             acc += dz_t.sum(dim=1, dtype=torch.float32)
         elif self.n <= dz_t.shape[1] and acc.dtype == dz_t.dtype:

@@ -10,8 +10,12 @@ as unfused PyTorch (the op's docstring says why). The forward op returns them as
 `linear_cross_entropy_backward` recomputes the logits. Where no kernel of ours runs, the unfused PyTorch form
 (F.linear, fp32 logits, the loss formula, autograd) does the same job.
 
-Under autocast, hidden, weight and bias are cast to the autocast dtype first, as nn.Linear's head gets them;
-the logits are taken in fp32 from there and the loss is fp32 (float64 for float64 inputs), as Hugging Face's
+Under autocast, hidden and bias are cast to the autocast dtype first, as nn.Linear's head gets them; an fp32
+weight (a model's master weight) enters the op as it is and is cast inside it, so that the op's weight gradient
+is fp32 from the start: accumulated over the chunks straight into the buffer that becomes the weight's `.grad`,
+where a cast outside the op would hold a half-precision gradient from forward to backward beside the fp32 sum
+and then an fp32 copy of it made by the cast's backward (Liger-Kernel's op also takes the fp32 weight). The
+logits are taken in fp32 from there and the loss is fp32 (float64 for float64 inputs), as Hugging Face's
 ForCausalLMLoss upcasts them. See `eager` for the eager and compiled paths.
 """
 
@@ -23,6 +27,7 @@ import torch
 from torch import Tensor
 
 from ...backends.torch.cross_entropy import loss_and_gradients
+from ...errors import DTypeError, argument_error
 from ...policy import KernelPolicy
 from ..router import IN_FORCE, Pinned, dispatch, pinned_policy
 from .common import autocast_cast, or_empty, pytorch_ran, unaliased
@@ -36,6 +41,12 @@ def _buffers(hidden: Tensor, weight: Tensor, bias: Tensor | None, input_grad: bo
         return torch.empty(t.shape, dtype=t.dtype, device=t.device) if wanted and t is not None else None
 
     return like(hidden, input_grad), like(weight, weight_grad), like(bias, weight_grad)
+
+
+def _compute_weight(hidden: Tensor, weight: Tensor) -> Tensor:
+    """The weight in hidden's dtype: an fp32 master weight that the front end left uncast under autocast is
+    cast here (transient: the GEMMs read this copy, the gradient buffers keep the weight's own dtype)."""
+    return weight if weight.dtype == hidden.dtype else weight.to(hidden.dtype)
 
 
 def _attrs(weight: Tensor, options: tuple) -> dict[str, Any]:
@@ -52,6 +63,7 @@ def forward(
     options = (ignore_index, label_smoothing, reduction, z_loss_scale)
     wanted = reduction != "none" and (input_grad or weight_grad)
     buffers = _buffers(hidden, weight, bias, input_grad and wanted, weight_grad and wanted)
+    weight = _compute_weight(hidden, weight)
     loss = dispatch("linear_cross_entropy", (hidden, weight, target, bias, *buffers), options, policy=policy,
                     routed=False)  # fmt: skip
     if loss is None:
@@ -67,6 +79,7 @@ def backward(
     """(grad_hidden, grad_weight, grad_bias) for grad_loss, recomputing the logits (reduction "none")."""
     options = (ignore_index, label_smoothing, reduction, z_loss_scale)
     grad_hidden, grad_weight, grad_bias = _buffers(hidden, weight, bias, False, weight_grad)
+    weight = _compute_weight(hidden, weight)
     inputs = (grad_loss, hidden, weight, target, bias, grad_weight, grad_bias)
     grad_hidden = dispatch("linear_cross_entropy_backward", inputs, options, policy=policy, routed=False)
     if grad_hidden is None:
@@ -175,8 +188,18 @@ def linear_cross_entropy(
     label_smoothing: float = 0.0, reduction: str = "mean", z_loss_scale: float = 0.0, pinned: Pinned = IN_FORCE,
 ) -> Tensor:  # fmt: skip
     """F.cross_entropy(F.linear(hidden, weight, bias).float(), target, ...) (+ z-loss) through the selector,
-    forward and backward, the logits never whole; hidden (..., H), weight (V, H), target hidden's leading dims."""
-    hidden, weight, bias = autocast_cast(hidden, weight, bias, device_type=hidden.device.type)
+    forward and backward, the logits never whole; hidden (..., H), weight (V, H), target hidden's leading dims.
+    Under autocast an fp32 weight is cast inside the op and its gradient is fp32 (module docstring); outside
+    autocast the dtypes must agree."""
+    device_type = hidden.device.type
+    if torch.is_autocast_enabled(device_type) and weight.dtype == torch.float32 and hidden.dtype != torch.float64:
+        hidden, bias = autocast_cast(hidden, bias, device_type=device_type)
+    else:
+        hidden, weight, bias = autocast_cast(hidden, weight, bias, device_type=device_type)
+        if weight.dtype != hidden.dtype:
+            expected = f"dtype {str(hidden.dtype).removeprefix('torch.')} (same as 'hidden')"
+            raise argument_error(DTypeError, "linear_cross_entropy", "weight", expected,
+                                 str(weight.dtype).removeprefix("torch."))  # fmt: skip
     grad = torch.is_grad_enabled()
     input_grad, weight_grad = grad and hidden.requires_grad, grad and (
         weight.requires_grad or (bias is not None and bias.requires_grad))  # fmt: skip
