@@ -66,6 +66,17 @@ def test_the_core_policy_functions_install_and_remove_too(cpu_routing):
     assert xtorch.installed_overrides() == {} and not _our_kernel_at("mm", "CPU")
 
 
+def test_routed_norm_parameter_gradients_own_their_memory(cpu_routing):
+    """A routed F.layer_norm's backward op packs [dx; dweight; dbias]: the parameters' .grad are not rows of it."""
+    x = torch.randn(4, 7, 5, requires_grad=True)
+    w, b = torch.randn(5, requires_grad=True), torch.randn(5, requires_grad=True)
+    with xtorch.kernel_policy(policy("layer_norm", "layer_norm_backward", registry=cpu_routing)):
+        F.layer_norm(x, (5,), w, b).square().sum().backward()
+    assert CALLS["layer_norm"] == 1 and CALLS["layer_norm_backward"] == 1
+    for p in (w, b):
+        assert p.grad._base is None and p.grad.untyped_storage().nbytes() == 5 * 4
+
+
 def test_scoped_policy_installs_what_it_needs_once(cpu_routing, monkeypatch):
     """A scope adds the overrides it needs; they stay after it ends (a scope opened around every call then
     costs no rebuild), still handing other policies' calls to PyTorch, until the process policy changes."""

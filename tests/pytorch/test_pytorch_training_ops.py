@@ -297,6 +297,29 @@ def test_autocast_linear_cross_entropy_takes_the_fp32_weight_and_returns_its_gra
     torch.testing.assert_close(x.grad.double(), xr.grad, rtol=2e-2, atol=2e-3)
 
 
+def _owns_its_memory(t: torch.Tensor) -> bool:
+    return t._base is None and t.untyped_storage().nbytes() == t.numel() * t.element_size()
+
+
+def test_norm_parameter_gradients_do_not_keep_the_packed_backward_buffer_alive():
+    """The norm backward ops pack [dx rows; dweight; dbias] in one buffer: a parameter's .grad must be a tensor of
+    its own, not a row of that (rows x N) buffer kept alive until the next step (0.53 GiB in a Llama step)."""
+    x, r = torch.randn(2, 9, 16, requires_grad=True), torch.randn(2, 9, 16, requires_grad=True)
+    w, b = torch.randn(16, requires_grad=True), torch.randn(16, requires_grad=True)
+    calls = [
+        lambda: xtorch.ops.rms_norm(x, (16,), w, 1e-6, casting="llama"),
+        lambda: xtorch.ops.fused_layernorm(x, (16,), w, b, 1e-5),
+        lambda: sum(t.sum() for t in xtorch.ops.add_rms_norm(x, r, w, 1e-6)),
+        lambda: sum(t.sum() for t in xtorch.ops.add_layer_norm(x, r, w, b, 1e-5)),
+    ]
+    for call in calls:
+        w.grad = b.grad = None
+        call().sum().backward()
+        for p in (w, b):
+            assert p.grad is None or _owns_its_memory(p.grad)
+        assert w.grad is not None
+
+
 def test_unused_outputs_get_zero_gradients():
     q, k = torch.randn(2, 4, 5, 8, requires_grad=True), torch.randn(2, 2, 5, 8, requires_grad=True)
     cos, sin = torch.randn(2, 5, 8), torch.randn(2, 5, 8)

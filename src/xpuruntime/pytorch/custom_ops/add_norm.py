@@ -21,7 +21,7 @@ from torch import Tensor
 from ...backends.torch.norm import rms_norm_formula
 from ...policy import KernelPolicy
 from ..router import IN_FORCE, Pinned, dispatch, pinned_policy
-from .common import autocast_float32, by_autograd, or_empty, pytorch_ran, unaliased
+from .common import autocast_float32, by_autograd, compact, or_empty, pytorch_ran, unaliased
 from .eager import OpGlue, backward_call, custom_op_body, run
 from .inline import fused_custom_op
 
@@ -181,7 +181,7 @@ def _backward(ctx: Any, dy: Tensor | None, dh: Tensor | None) -> tuple:
     dx, dresidual = (dh_total.to(dtype) for dtype in ctx.dtypes)
     params = (dweight, *((dbias,) if ctx.options is None else ()))
     nones = (None,) * (2 if ctx.options is None else 4)  # eps (and offset, casting) and the policy
-    return dx, dresidual, *(None if p is None or _given(p) is None else p for p in params), *nones
+    return dx, dresidual, *(None if p is None or _given(p) is None else compact(p) for p in params), *nones
 
 
 add_rms_norm_op.register_autograd(_backward, setup_context=_setup)

@@ -104,6 +104,15 @@ def unaliased(tensors: tuple) -> tuple:
     return tuple(t if _owns_its_memory(t) else t.clone(memory_format=torch.contiguous_format) for t in tensors)
 
 
+def compact(t: torch.Tensor | None) -> torch.Tensor | None:
+    """A parameter's gradient as a tensor of its own memory. A norm backward op packs its gradients as rows
+    [dx; dweight; dbias] of one buffer: a dweight row handed to autograd as it is becomes the parameter's .grad
+    and keeps the whole (rows x N) buffer alive between steps (17 x 32 MiB in the bench's Llama step)."""
+    if t is None or _owns_its_memory(t):
+        return t
+    return t.clone(memory_format=torch.contiguous_format)
+
+
 def _owns_its_memory(t: torch.Tensor) -> bool:
     if t._base is not None or t.storage_offset() != 0 or not t.is_contiguous():
         return False

@@ -38,6 +38,7 @@ from ..router import (
 from .common import (
     GRAD_ALIASES,
     autocast_float32,
+    compact,
     grad_leaves,
     native_layer_norm_stats,
     or_empty,
@@ -317,14 +318,14 @@ def _layer_norm_backward(ctx, dy):
     x, weight, bias = _saved(ctx)
     dx, dw, db = backward_call(ctx, _layer_norm_backward_body, layer_norm_backward_op, dy, x,
                                list(ctx.normalized_shape), weight, bias, ctx.eps)  # fmt: skip
-    return dx, None, dw if ctx.has_weight else None, db if ctx.has_bias else None, None, None
+    return dx, None, compact(dw) if ctx.has_weight else None, compact(db) if ctx.has_bias else None, None, None
 
 
 def _rms_norm_backward(ctx, dy):
     x, weight, _ = _saved(ctx)
     dx, dw = backward_call(ctx, _rms_norm_backward_body, rms_norm_backward_op, dy, x, list(ctx.normalized_shape),
                            weight, ctx.eps, *ctx.options)  # fmt: skip
-    return dx, None, dw if ctx.has_weight else None, None, None, None, None
+    return dx, None, compact(dw) if ctx.has_weight else None, None, None, None, None
 
 
 layer_norm_op.register_autograd(_layer_norm_backward, setup_context=_setup_layer_norm)

@@ -19,7 +19,7 @@ import torch
 
 from ...policy import current_policy
 from ..custom_ops import norm as ops
-from ..custom_ops.common import any_requires_grad, plain, traced
+from ..custom_ops.common import any_requires_grad, compact, plain, traced
 from ..custom_ops.replay import call as run_body
 from ..router import family_policy, fell_back, wants, without
 from ..tracing import declined, in_graph
@@ -72,7 +72,7 @@ class NormFunction(torch.autograd.Function):
         if grads is None:
             grads = ops.torch_grads(ctx.op, dy, x, weight, bias, ctx.normalized_shape, ctx.eps, ctx.stats)
         ctx.stats = None
-        return None, grads[0], grads[1], grads[2], None, None
+        return None, grads[0], compact(grads[1]), compact(grads[2]), None, None
 
 
 def _norm(op: str, autograd: bool, x: Any, normalized_shape: Any, weight: Any, bias: Any, eps: Any) -> Any:
