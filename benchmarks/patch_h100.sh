@@ -21,7 +21,7 @@ mkdir -p "$OUT"
 source "$(dirname "$0")/device_env.sh"
 nvidia-smi -L
 python3 -c "import torch, triton, transformers as t; print(torch.__version__, triton.__version__, t.__version__)"
-MAIN=eager,eager2,compile,patched,patched+compile,patched_auto+compile,patched_head+compile,patched+graph,liger
+MAIN=eager,eager2,eager3,compile,patched,patched+compile,patched_auto+compile,patched_head+compile,patched+graph,liger
 REST=eager,compile,autotune,compile+seeds_policy,compile+autotune,reduce-overhead,reduce-overhead+patched_auto,graph
 case "$PART" in
 verify)

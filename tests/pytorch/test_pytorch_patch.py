@@ -15,6 +15,7 @@ import torch
 
 import xpuruntime as xrt
 import xpuruntime.pytorch as xtorch
+from xpuruntime.pytorch.patching import KINDS
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning")
@@ -109,7 +110,7 @@ def test_patched_model_gives_the_unpatched_loss_and_gradients_and_unpatch_restor
     model, reference = _pair(name)
     batch = _batch(name)
     expected = _step(reference, batch)
-    plan = xtorch.patch(model, policy=CPU_KERNELS)
+    plan = xtorch.patch(model, policy=CPU_KERNELS, kinds=KINDS)
     assert plan.applied and xtorch.patched(model) is plan and not plan.kept
     got = []
     calls = _logged(lambda: got.append(_step(model, batch)))
@@ -148,12 +149,23 @@ def test_dry_run_lists_every_swap_and_changes_nothing():
     assert "would patch (dry run) 10 modules" in text and "model.layers.1.post_attention_layernorm" in text
 
 
+def test_plain_layer_norms_are_swapped_only_when_asked_for():
+    """A plain nn.LayerNorm is one PyTorch kernel each way: by default it is kept, with the reason."""
+    model, _ = _pair("gpt2")
+    plan = xtorch.patch(model, dry_run=True)
+    assert {s.kind for s in plan.swapped} == {"linear+gelu", "linear_cross_entropy"}
+    assert [s.path for s in plan.kept] == ["transformer.h.0.ln_1", "transformer.h.0.ln_2", "transformer.h.1.ln_1",
+                                           "transformer.h.1.ln_2", "transformer.ln_f"]  # fmt: skip
+    assert all("one PyTorch kernel" in s.note for s in plan.kept)
+    assert {s.kind for s in xtorch.patch(model, dry_run=True, kinds=KINDS).swapped} >= {"layer_norm"}
+
+
 def test_modules_without_a_fused_kernel_are_listed_as_kept():
     """BERT's default GELU is the erf form, which cuBLASLt's GELU epilogue (tanh) does not compute."""
     torch.manual_seed(0)
     config = transformers.BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
                                      intermediate_size=64, max_position_embeddings=32)  # fmt: skip
-    plan = xtorch.patch(transformers.BertForMaskedLM(config), dry_run=True)
+    plan = xtorch.patch(transformers.BertForMaskedLM(config), dry_run=True, kinds=KINDS)
     assert [(s.path, s.kind) for s in plan.kept] == [("bert.encoder.layer.0.intermediate", "linear+gelu")]
     assert "erf GELU" in plan.kept[0].note and plan.kept[0].forward is None
 
@@ -220,7 +232,7 @@ def test_torch_compile_of_a_patched_model_runs_the_fused_ops_forward_and_backwar
     model, reference = _pair(name)
     batch = _batch(name)
     expected = _step(reference, batch)
-    xtorch.patch(model, policy=CPU_KERNELS)
+    xtorch.patch(model, policy=CPU_KERNELS, kinds=KINDS)
     compiled = torch.compile(model, backend=backend, fullgraph=True)
     got = []
     calls = _logged(lambda: got.append(_step(model, batch, compiled)))

@@ -6,8 +6,11 @@ side in one process.
 
 Two phases, every variant from the same initial weights and the same fixed batch (so the loss falls, as a
 memorising run does):
-1. Losses: `--loss-steps` steps per variant; each variant's losses against eager's and against a second eager
-   run (`eager2`, the noise floor: bf16 with nondeterministic backward kernels differs run to run). Peak memory
+1. Losses: `--loss-steps` steps per variant, each variant's from the same random seed (GPT-2 trains with
+   dropout: every variant that draws its masks as eager does gets eager's masks; inductor draws its own); each
+   variant's losses against eager's and against further eager runs (`eager2`, `eager3`: the noise floor is the
+   largest difference between two of the eager runs, for bf16 with nondeterministic backward kernels differs run
+   to run; one pair alone is a noisy estimate of it). The per-step losses go into the JSON. Peak memory
    per variant is measured here (the step's own peak plus its model's parameters; other models excluded), and
    the first step's wall time ("first step s": compilation included; the graph variants capture while built).
 2. Step time: interleaved rounds (every variant runs `--steps` steps per round, in turn); wall time per step
@@ -51,6 +54,8 @@ from pathlib import Path
 from typing import Any
 
 BATCH, SEQ = 8, 1024
+LOSS_SEED = 1234
+REPEATS = ("eager2", "eager3")  # eager again: the noise floor's runs (not timed)
 POLICY_SEEDS = "matmul=cublasLt,attention=flash_v2"  # the seeds' policy
 EAGER_POLICY = "autocast_linear=fused_cast"  # the best eager policy for the projections PyTorch keeps
 PATCH_POLICY = (
@@ -104,6 +109,7 @@ def default_variants(model: str) -> list[Variant]:
     variants = [
         Variant("eager"),
         Variant("eager2"),
+        Variant("eager3"),
         Variant("compile", compile="default"),
         Variant("compile+seeds_policy", policy=POLICY_SEEDS, compile="default"),
         Variant("compile+autotune", policy="autotune=true", compile="default"),
@@ -268,6 +274,7 @@ def loss_phase(variants: list[Variant], steps: int, liger: LigerSwitch) -> None:
     for v in variants:
         if v.skipped:
             continue
+        torch.manual_seed(LOSS_SEED)  # the same dropout masks for every variant that draws them as eager does
         try:
             with running(v, liger):
                 torch.cuda.synchronize()
@@ -290,7 +297,7 @@ def loss_phase(variants: list[Variant], steps: int, liger: LigerSwitch) -> None:
 def timing_phase(variants: list[Variant], rounds: int, steps: int, liger: LigerSwitch) -> None:
     import torch
 
-    live = [v for v in variants if not v.skipped and v.name != "eager2"]
+    live = [v for v in variants if not v.skipped and v.name not in REPEATS]
     for r in range(rounds):
         order = live if r % 2 == 0 else live[::-1]  # alternate the order: no variant always follows the same one
         for v in order:
@@ -314,10 +321,17 @@ def rel_diff(a: list[float], b: list[float]) -> float | None:
     return max(abs(x - y) / max(abs(y), 1e-12) for x, y in zip(a, b))
 
 
+def noise_floor(variants: list[Variant]) -> float | None:
+    """The largest max-relative loss difference between two of the eager runs (eager, eager2, eager3)."""
+    runs = [v.losses for v in variants if v.name in ("eager", *REPEATS) and v.losses]
+    pairs = [rel_diff(a, b) for i, a in enumerate(runs) for b in runs[i + 1 :]]
+    return max(pairs) if pairs else None
+
+
 def report(variants: list[Variant], model: str) -> dict:
     by = {v.name: v for v in variants}
     eager, compiled = by.get("eager"), by.get("compile")
-    floor = rel_diff(by["eager2"].losses, eager.losses) if "eager2" in by and eager else None
+    floor = noise_floor(variants)
     rows = {}
     for v in variants:
         row: dict[str, Any] = {"policy": v.policy, "compile": v.compile, "patch": v.patch, "liger": v.liger}
@@ -338,6 +352,7 @@ def report(variants: list[Variant], model: str) -> dict:
         if v.losses:
             row["loss_first_last"] = [round(v.losses[0], 4), round(v.losses[-1], 4)]
             row["loss_rel_diff_vs_eager"] = rel_diff(v.losses, eager.losses) if eager else None
+            row["losses"] = [round(x, 5) for x in v.losses]
         rows[v.name] = row
     return {"model": model, "batch": BATCH, "seq": SEQ, "noise_floor_rel": floor, "rows": rows}
 
@@ -345,7 +360,7 @@ def report(variants: list[Variant], model: str) -> dict:
 def markdown(result: dict) -> str:
     lines = [
         f"### {result['model']} training step, B{result['batch']} S{result['seq']}, bf16 autocast, fused AdamW",
-        f"noise floor (two eager runs, max relative loss difference): {result['noise_floor_rel']}",
+        f"noise floor (largest max-relative loss difference between two eager runs): {result['noise_floor_rel']}",
         "",
         "| variant | wall ms | GPU ms | vs eager | vs compile | peak GiB | loss diff vs eager | first step s | note |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---|",

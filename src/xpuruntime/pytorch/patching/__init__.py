@@ -31,10 +31,10 @@ from typing import Any
 from ...errors import ArgumentError, UnsupportedModelError, argument_error
 from ...policy import KernelPolicy, as_policy
 from ..router import pin
-from .architectures import KINDS, plan
+from .architectures import DEFAULT_KINDS, KINDS, NOT_BY_DEFAULT, plan
 from .binding import Swap
 
-__all__ = ["KINDS", "PatchPlan", "Swap", "patch", "patched", "unpatch"]
+__all__ = ["DEFAULT_KINDS", "KINDS", "PatchPlan", "Swap", "patch", "patched", "unpatch"]
 
 RECORD = "_xpuruntime_patch"  # where a patched model keeps its applied plan (the instance's __dict__)
 
@@ -87,7 +87,8 @@ def patch(
     have its pattern's structure raises `UnsupportedModelError` and leaves the model untouched. `dry_run=True`
     returns the plan without changing anything. `kinds` limits the swaps to those kinds (of `KINDS`; e.g.
     `kinds=["linear_cross_entropy"]` under torch.compile, leaving the rest to inductor), the others listed as
-    kept. Returns the plan (applied)."""
+    kept; by default every kind but plain LayerNorms (`DEFAULT_KINDS`: a swap must replace a chain of PyTorch
+    operations to pay for itself; `kinds=KINDS` swaps everything). Returns the plan (applied)."""
     root = _unwrapped(model)
     if not hasattr(root, "named_modules"):
         raise UnsupportedModelError(f"patch: expected a torch.nn.Module, got {type(model).__name__}")
@@ -95,7 +96,8 @@ def patch(
         raise UnsupportedModelError(f"patch: {type(root).__name__} is already patched; call unpatch(model) first")
     wanted = _kinds(kinds)
     pinned_policy = as_policy(policy)
-    swaps = [s if s.kind in wanted or s.kept else s.left_out() for s in plan(root, pin(pinned_policy))]
+    why = NOT_BY_DEFAULT if kinds is None else {}
+    swaps = [s if s.kind in wanted or s.kept else s.left_out(why.get(s.kind)) for s in plan(root, pin(pinned_policy))]
     result = PatchPlan(type(root).__name__, root.config.model_type, pinned_policy, swaps)
     for message in dict.fromkeys(s.warning for s in swaps if s.warning):  # once per class and reason
         warnings.warn(message, UserWarning, stacklevel=2)
@@ -131,7 +133,7 @@ def unpatch(model: Any) -> PatchPlan:
 
 def _kinds(kinds: Iterable[str] | None) -> frozenset[str]:
     if kinds is None:
-        return KINDS
+        return DEFAULT_KINDS
     wanted = frozenset([kinds] if isinstance(kinds, str) else kinds)
     unknown = sorted(wanted - KINDS)
     if unknown:

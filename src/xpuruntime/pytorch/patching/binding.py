@@ -40,9 +40,11 @@ class Swap:
     def kept(self) -> bool:
         return self.forward is None
 
-    def left_out(self) -> Swap:
-        """This swap kept, because the caller did not ask for its kind."""
-        return dataclasses.replace(self, forward=None, ops=(), note=f"kept: kind '{self.kind}' not asked for")
+    def left_out(self, why: str | None = None) -> Swap:
+        """This swap kept, because the caller did not ask for its kind (`why`: a default's reason)."""
+        return dataclasses.replace(
+            self, forward=None, ops=(), note=f"kept: {why or f'kind {self.kind!r} not asked for'}"
+        )
 
     def apply(self) -> None:
         if self.forward is None:
