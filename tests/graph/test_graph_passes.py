@@ -453,3 +453,39 @@ def test_a_region_sums_residuals_into_convolutions() -> None:
     g = model(nodes, [vi("x", [2, 4, 6, 5])], [vi("y", [2, 4, 6, 5])], {**ws, "shift": shift})
     out = check_pass(g, conv_regions.run, {"x": rng.standard_normal((2, 4, 6, 5)).astype(np.float32)}, atol=1e-4)
     assert [n.op for n in out.nodes] == ["ConvRegion"]
+
+
+def test_a_region_reuses_its_steps_per_signature_and_overwrites_only_dead_values() -> None:
+    """Squeeze-excite (its 1x1 convolutions of the pooled image are matrix products) whose Mul is the last reader
+    of `d` (so multiplies in place) while `d` is read before by the pooling, a Relu of a returned value (not in
+    place), and a Mul of the region's input (never overwritten): run at two batch sizes in turn, so each reuses the
+    steps made at its first run; outputs equal the unfused graph's and the feed is unchanged."""
+    from xpuruntime.onnx import InferenceSession
+    from xpuruntime.onnx.export import to_onnx
+
+    c = 6
+    consts = {"wd": rng.standard_normal((c, 1, 3, 3)), "w1": rng.standard_normal((3, c, 1, 1)),
+              "b1": rng.standard_normal(3), "w2": rng.standard_normal((c, 3, 1, 1)), "w3": rng.standard_normal((c, c, 1, 1))}  # fmt: skip
+    nodes = [
+        helper.make_node("Conv", ["x", "wd"], ["d"], group=c, pads=[1, 1, 1, 1]),
+        helper.make_node("GlobalAveragePool", ["d"], ["m"]),
+        helper.make_node("Conv", ["m", "w1", "b1"], ["s1"]),
+        helper.make_node("Relu", ["s1"], ["r1"]),
+        helper.make_node("Conv", ["r1", "w2"], ["s2"]),
+        helper.make_node("Sigmoid", ["s2"], ["g"]),
+        helper.make_node("Mul", ["d", "g"], ["e"]),
+        helper.make_node("Conv", ["e", "w3"], ["k"]),
+        helper.make_node("Relu", ["k"], ["y"]),
+        helper.make_node("Mul", ["x", "k"], ["z"]),
+    ]
+    consts = {k: v.astype(np.float32) for k, v in consts.items()}
+    outputs = [vi("y", ["n", c, 5, 4]), vi("k", ["n", c, 5, 4]), vi("z", ["n", c, 5, 4])]
+    g = model(nodes, [vi("x", ["n", c, 5, 4])], outputs, consts)
+    session = InferenceSession(to_onnx(g).SerializeToString())
+    assert "ConvRegion" in session.graph.op_counts()
+    for n in (2, 1, 2, 1):
+        feeds = {"x": rng.standard_normal((n, c, 5, 4)).astype(np.float32)}
+        given = feeds["x"].copy()
+        for got, want in zip(session.run(None, feeds), run_graph(g, feeds)):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+        np.testing.assert_array_equal(feeds["x"], given)
