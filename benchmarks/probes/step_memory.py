@@ -29,6 +29,8 @@ def main() -> None:
         hf.Variant("patched, no linear=cublasLt", policy=hf.EAGER_POLICY, patch=True,
                    patch_policy=hf.PATCH_POLICY.replace(",linear=cublasLt", "")),
     ]  # fmt: skip
+    for swap in ("rope", "rms_norm", "swiglu", "fused_linear_cross_entropy"):
+        variants.append(hf.Variant(f"liger only {swap}", liger=True, liger_only=swap))
     for kind in kinds_all:
         variants.append(hf.Variant(f"patched only {kind}", policy=hf.EAGER_POLICY, patch=True,
                                    patch_policy=hf.PATCH_POLICY, kinds=(kind,)))  # fmt: skip

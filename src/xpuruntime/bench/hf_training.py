@@ -91,8 +91,9 @@ class Variant:
     compile: str | None = None  # None, "default" or "reduce-overhead"
     patch: bool = False  # xpuruntime.pytorch.patch(model, policy=patch_policy, kinds=kinds)
     patch_policy: str | None = None
-    kinds: tuple[str, ...] | None = None  # None: every swap
+    kinds: tuple[str, ...] | None = None  # None: patch's default swaps
     liger: bool = False
+    liger_only: str | None = None  # one of Liger's swaps (rope, rms_norm, swiglu, fused_linear_cross_entropy)
     graph: bool = False  # the whole step (forward, backward, AdamW) captured once by xpuruntime's CUDAGraphWrapper
     model: Any = None
     opt: Any = None
@@ -159,13 +160,16 @@ class LigerSwitch:
         self.patched: dict[tuple[Any, str], Any] = {}
         self.original: dict[tuple[Any, str], Any] = {}
 
-    def apply(self, model: Any) -> None:
+    def apply(self, model: Any, only: str | None = None) -> None:
+        """Liger's Llama patches on `model` (`only`: one of its swaps, the others off)."""
         from liger_kernel.transformers import apply_liger_kernel_to_llama
         from transformers.models.llama import modeling_llama as ml
 
         owners = [ml, *(v for v in vars(ml).values() if isinstance(v, type) and v.__module__ == ml.__name__)]
         before = {id(o): dict(vars(o)) for o in owners}
-        apply_liger_kernel_to_llama(model=model)
+        swaps = ("rope", "rms_norm", "swiglu", "fused_linear_cross_entropy")
+        flags = {} if only is None else {name: name == only for name in swaps}
+        apply_liger_kernel_to_llama(model=model, **flags)
         for owner in owners:
             for name, value in vars(owner).items():
                 old = before[id(owner)].get(name, _ABSENT)
@@ -207,7 +211,7 @@ def build(variant: Variant, model_name: str, state: dict, ids: Any, liger: Liger
         xtorch.patch(model, policy=variant.patch_policy, kinds=variant.kinds)
     if variant.liger:
         try:
-            liger.apply(model)
+            liger.apply(model, variant.liger_only)
         except Exception as exc:  # liger-kernel missing or incompatible
             variant.skipped = f"liger-kernel: {type(exc).__name__}: {exc}"[:300]
             return

@@ -251,6 +251,7 @@ def test_linear_cross_entropy(rng, monkeypatch, dtype, case) -> None:
     monkeypatch.setattr(cross_entropy, "PAD_DEVICES", ("cuda", "cpu"))  # an odd vocabulary's padding, also here
     if chunk_bytes:
         monkeypatch.setattr(cross_entropy, "LOGITS_CHUNK_BYTES", chunk_bytes)
+        monkeypatch.setattr(cross_entropy, "MIN_CHUNK_ROWS", 1)
     hidden = make(rng, (rows, HIDDEN), dtype)
     weight = make(rng, (vocab, HIDDEN), dtype, scale=HIDDEN**-0.5)
     bias = make(rng, (vocab,), dtype) if with_bias else None
@@ -289,6 +290,7 @@ def test_linear_cross_entropy_fp32_gradients_of_half_inputs(rng, monkeypatch, ch
     rows, vocab = size(2048, 13), size(32003, 53)
     monkeypatch.setattr(cross_entropy, "PAD_DEVICES", ("cuda", "cpu"))
     monkeypatch.setattr(cross_entropy, "LOGITS_CHUNK_BYTES", -(-rows // chunks) * (vocab + 64) * 2)
+    monkeypatch.setattr(cross_entropy, "MIN_CHUNK_ROWS", 1)
     hidden = make(rng, (rows, HIDDEN), "float16")
     weight = make(rng, (vocab, HIDDEN), "float16", scale=HIDDEN**-0.5)
     bias = make(rng, (vocab,), "float16")
