@@ -113,14 +113,14 @@ def launch_config(ctx: DispatchContext) -> LaunchConfig:
 
 @functools.cache
 def _fp32_output_gemm(device: str) -> bool:
-    """Whether torch.addmm(acc, a, b, beta=0 or 1, out_dtype=float32, out=acc) writes or adds half products
-    into fp32 here (CUDA, PyTorch >= 2.8): tried once per device, on a small problem."""
+    """Whether torch.addmm(acc, a, b, out_dtype=float32, out=acc) adds half products into fp32 here (CUDA,
+    PyTorch >= 2.8): tried once per device, on a small problem. (Its beta=0 is not relied on: PyTorch 2.11 read
+    acc anyway for fp16 inputs at the Llama head's sizes.)"""
     try:
         a = torch.ones((2, 16), dtype=torch.bfloat16, device=device)
-        acc = torch.full((2, 2), float("nan"), dtype=torch.float32, device=device)
-        torch.addmm(acc, a, a.t(), beta=0, out_dtype=torch.float32, out=acc)  # beta=0: acc's NaN never read
+        acc = torch.ones((2, 2), dtype=torch.float32, device=device)
         torch.addmm(acc, a, a.t(), out_dtype=torch.float32, out=acc)
-        return bool((acc == 32).all())
+        return bool((acc == 17).all())
     except (RuntimeError, TypeError, NotImplementedError):
         return False
 
@@ -135,12 +135,15 @@ def _fp32_gemm_known(device: torch.device) -> bool:
 
 
 def _product_into(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, add: bool) -> None:
-    """acc = a @ b (add=False) or acc += a @ b: one GEMM into acc where its dtype is a's or PyTorch can write
-    half products to fp32 (beta = 0 or 1), else the product in a's dtype (each chunk's share rounded once)."""
+    """acc = a @ b (add=False) or acc += a @ b: one GEMM into acc where its dtype is a's (beta = 0 or 1) or
+    PyTorch can add half products into fp32 (acc zeroed first), else the product in a's dtype (each chunk's
+    share rounded once)."""
     if a.dtype == acc.dtype:
         torch.addmm(acc, a, b, beta=int(add), out=acc)
     elif _fp32_gemm_known(acc.device):
-        torch.addmm(acc, a, b, beta=int(add), out_dtype=torch.float32, out=acc)
+        if not add:
+            acc.zero_()
+        torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)
     elif add:
         acc += torch.mm(a, b)
     else:
