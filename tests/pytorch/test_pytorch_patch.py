@@ -137,6 +137,25 @@ def test_bf16_autocast_stays_within_the_rounding_of_the_unpatched_model(name):
         assert (g - e).abs().max() <= 5e-2 * e.abs().max() + 1e-6
 
 
+def test_under_autocast_a_patched_rms_norm_gives_its_readers_the_autocast_dtype():
+    """Its readers (projections) cast to bf16 under autocast anyway: the patched norm hands them bf16 at once,
+    the very values they would compute with, and the fp32 result is not kept for their backward."""
+    model, reference = _pair("llama")
+    xtorch.patch(model, policy=CPU_KERNELS)
+    x = torch.randn(2, 5, 32)
+    norm, original = model.model.layers[0].input_layernorm, reference.model.layers[0].input_layernorm
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got, want = norm(x), original(x)
+        projected, expected = (
+            model.model.layers[0].self_attn.q_proj(got),
+            reference.model.layers[0].self_attn.q_proj(want),
+        )
+    assert got.dtype == torch.bfloat16 and want.dtype == torch.float32
+    torch.testing.assert_close(got, want.bfloat16(), rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(projected.float(), expected.float(), rtol=2e-2, atol=2e-2)
+    assert norm(x).dtype == torch.float32  # outside autocast: the module's own dtype
+
+
 def test_dry_run_lists_every_swap_and_changes_nothing():
     model, _ = _pair("llama")
     before = _instance_forwards(model)

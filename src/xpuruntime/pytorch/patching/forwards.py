@@ -28,13 +28,23 @@ Forward = Callable[..., Any]
 
 
 def hf_rms_norm(original: Forward, pinned: Pinned) -> Forward:
-    """LlamaRMSNorm / MistralRMSNorm / Qwen2RMSNorm: `weight * (x * rsqrt(mean(x^2) + eps)).to(x.dtype)`."""
+    """LlamaRMSNorm / MistralRMSNorm / Qwen2RMSNorm: `weight * (x * rsqrt(mean(x^2) + eps)).to(x.dtype)`.
+
+    Under autocast the result comes in the autocast dtype: in these models every reader of a norm's output is a
+    projection that autocast casts to that dtype (q/k/v, gate/up, the LM head), so the values they compute with
+    are the same, and the fp32 result (a (tokens x hidden) fp32 tensor per norm) is not what the projections'
+    autograd keeps until the backward: 17 x 32 MiB alive at the bench's Llama step's peak, found with
+    benchmarks/probes/peak_memory.py. (output_hidden_states then gives the last hidden state in that dtype.)"""
 
     def forward(self: Any, hidden_states: torch.Tensor) -> torch.Tensor:
         weight = self.weight
         if hidden_states.dtype != weight.dtype:  # the module's result has the promoted dtype: its own forward
             return original(self, hidden_states)
-        return rms_norm(hidden_states, weight.shape, weight, self.variance_epsilon, casting="llama", pinned=pinned)
+        out = rms_norm(hidden_states, weight.shape, weight, self.variance_epsilon, casting="llama", pinned=pinned)
+        device = out.device.type
+        if torch.is_autocast_enabled(device) and out.dtype == torch.float32:
+            return out.to(torch.get_autocast_dtype(device))
+        return out
 
     return forward
 
