@@ -74,18 +74,13 @@ def replay_state() -> str:
 
 
 def main() -> None:
-    import torch
-    import transformers as tf
 
     from xpuruntime.bench import hf_training as hf
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", default="gpt2")
     args = parser.parse_args()
-    torch.manual_seed(0)
-    cls_name, config = hf.MODELS[args.model]
-    state = {k: v.detach().clone() for k, v in getattr(tf, cls_name)(config()).cuda().state_dict().items()}
-    ids = torch.randint(0, config().vocab_size, (hf.BATCH, hf.SEQ), device="cuda")
+    state, ids = hf.initial_state(args.model)
     liger = hf.LigerSwitch()
     by = {v.name: v for v in hf.default_variants(args.model)}
     for name in ("eager", "patched"):

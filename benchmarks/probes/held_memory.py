@@ -16,7 +16,6 @@ import gc
 
 def main() -> None:
     import torch
-    import transformers as tf
 
     from xpuruntime.bench import hf_training as hf
 
@@ -25,10 +24,7 @@ def main() -> None:
     parser.add_argument("--kinds", default="rms_norm", help="patch kinds, comma-separated ('' = all)")
     parser.add_argument("--top", type=int, default=8)
     args = parser.parse_args()
-    torch.manual_seed(0)
-    cls_name, config = hf.MODELS[args.model]
-    state = {k: v.detach().clone() for k, v in getattr(tf, cls_name)(config()).cuda().state_dict().items()}
-    ids = torch.randint(0, config().vocab_size, (hf.BATCH, hf.SEQ), device="cuda")
+    state, ids = hf.initial_state(args.model)
     kinds = tuple(k for k in args.kinds.split(",") if k) or None
     v = hf.Variant("probe", policy=hf.EAGER_POLICY, patch=True, patch_policy=hf.PATCH_POLICY, kinds=kinds)
     hf.build(v, args.model, state, ids, hf.LigerSwitch())

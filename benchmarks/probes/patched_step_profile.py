@@ -17,7 +17,6 @@ import warnings
 
 def main() -> None:
     import torch
-    import transformers as tf
     from torch.profiler import ProfilerActivity, profile
 
     from xpuruntime.bench import hf_training as hf
@@ -29,10 +28,7 @@ def main() -> None:
     parser.add_argument("--cprofile", action="store_true", help="also the Python functions that take the host time")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
-    torch.manual_seed(0)
-    cls_name, config = hf.MODELS[args.model]
-    state = {k: v.detach().clone() for k, v in getattr(tf, cls_name)(config()).cuda().state_dict().items()}
-    ids = torch.randint(0, config().vocab_size, (hf.BATCH, hf.SEQ), device="cuda")
+    state, ids = hf.initial_state(args.model)
     wanted = args.variants.split(",")
     liger = hf.LigerSwitch()
     for v in [v for v in hf.default_variants(args.model) if v.name in wanted]:

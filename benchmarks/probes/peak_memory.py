@@ -30,7 +30,6 @@ def alive_at_peak(snapshot: dict) -> tuple[int, dict]:
 
 def main() -> None:
     import torch
-    import transformers as tf
 
     from xpuruntime.bench import hf_training as hf
 
@@ -38,10 +37,7 @@ def main() -> None:
     parser.add_argument("--variants", default="patched,liger")
     parser.add_argument("--frames", type=int, default=4)
     args = parser.parse_args()
-    torch.manual_seed(0)
-    cls_name, config = hf.MODELS["llama"]
-    state = {k: v.detach().clone() for k, v in getattr(tf, cls_name)(config()).cuda().state_dict().items()}
-    ids = torch.randint(0, config().vocab_size, (hf.BATCH, hf.SEQ), device="cuda")
+    state, ids = hf.initial_state("llama")
     liger = hf.LigerSwitch()
     by = {v.name: v for v in hf.default_variants("llama")}
     for name in args.variants.split(","):

@@ -15,7 +15,6 @@ def main() -> None:
     import gc
 
     import torch
-    import transformers as tf
 
     from xpuruntime.bench import hf_training as hf
 
@@ -38,10 +37,7 @@ def main() -> None:
     parser.add_argument("--only", default="", help="comma-separated variant names (default: all)")
     only = [name for name in parser.parse_args().only.split(",") if name]
     variants = [v for v in variants if not only or v.name in only]
-    torch.manual_seed(0)
-    cls_name, config = hf.MODELS["llama"]
-    state = {k: v.detach().clone() for k, v in getattr(tf, cls_name)(config()).cuda().state_dict().items()}
-    ids = torch.randint(0, config().vocab_size, (hf.BATCH, hf.SEQ), device="cuda")
+    state, ids = hf.initial_state("llama")
     liger = hf.LigerSwitch()
     print(f"{'variant':<40} {'step peak GiB':>13} {'held GiB':>9} {'training state':>14} {'other held':>10} "
           f"{'left after':>10}")  # fmt: skip

@@ -17,8 +17,6 @@ DEFAULT_SUBSETS = {
 
 
 def main() -> None:
-    import torch
-    import transformers as tf
 
     from xpuruntime.bench import hf_training as hf
 
@@ -28,10 +26,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--loss-steps", type=int, default=10)
     args = parser.parse_args()
-    torch.manual_seed(0)
-    cls_name, config = hf.MODELS[args.model]
-    state = {k: v.detach().clone() for k, v in getattr(tf, cls_name)(config()).cuda().state_dict().items()}
-    ids = torch.randint(0, config().vocab_size, (hf.BATCH, hf.SEQ), device="cuda")
+    state, ids = hf.initial_state(args.model)
     liger = hf.LigerSwitch()
     variants = [hf.Variant("eager"), hf.Variant("eager2"),
                 hf.Variant("patched", policy=hf.EAGER_POLICY, patch=True, patch_policy=hf.PATCH_POLICY)]  # fmt: skip

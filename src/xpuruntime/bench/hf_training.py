@@ -197,6 +197,20 @@ class LigerSwitch:
 _ABSENT = object()
 
 
+def initial_state(model_name: str) -> tuple[dict, Any]:
+    """(the weights every variant starts from, the fixed batch of token ids): a model from its config with seed 0,
+    on the GPU."""
+    import torch
+    import transformers as tf
+
+    torch.manual_seed(0)
+    cls_name, config = MODELS[model_name]
+    state = {k: v.detach().clone() for k, v in getattr(tf, cls_name)(config()).cuda().state_dict().items()}
+    generator = torch.Generator("cuda").manual_seed(1)
+    ids = torch.randint(0, config().vocab_size, (BATCH, SEQ), device="cuda", generator=generator)
+    return state, ids
+
+
 def build(variant: Variant, model_name: str, state: dict, ids: Any, liger: LigerSwitch) -> None:
     import torch
     import transformers as tf
@@ -398,11 +412,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.variants:
         wanted = args.variants.split(",")
         variants = [v for v in variants if v.name in wanted]
-    torch.manual_seed(0)
-    cls_name, config = MODELS[args.model]
-    state = {k: v.detach().clone() for k, v in getattr(tf, cls_name)(config()).cuda().state_dict().items()}
-    vocab = config().vocab_size
-    ids = torch.randint(0, vocab, (BATCH, SEQ), device="cuda", generator=torch.Generator("cuda").manual_seed(1))
+    state, ids = initial_state(args.model)
     liger = LigerSwitch()
     for v in variants:
         t0 = time.time()
@@ -445,16 +455,11 @@ def _needs_transformers() -> str | None:
 
 def _step_pair(model_name: str, ours: str, anchor: str) -> Any:
     """A Setup timing variant `ours` against variant `anchor` (default_variants' names), step by step in turn."""
-    import torch
-    import transformers as tf
 
     from .row import Setup, Timer
     from .training import ROUNDS, alternate_steps
 
-    torch.manual_seed(0)
-    cls_name, config = MODELS[model_name]
-    state = {k: v.detach().clone() for k, v in getattr(tf, cls_name)(config()).cuda().state_dict().items()}
-    ids = torch.randint(0, config().vocab_size, (BATCH, SEQ), device="cuda")
+    state, ids = initial_state(model_name)
     variants = {v.name: v for v in default_variants(model_name)}
     pair = {"ours": variants[ours], "anchor": variants[anchor]}
     liger = LigerSwitch()
