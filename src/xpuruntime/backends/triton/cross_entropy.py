@@ -114,8 +114,9 @@ def launch_config(ctx: DispatchContext) -> LaunchConfig:
 @functools.cache
 def _fp32_output_gemm(device: str) -> bool:
     """Whether torch.addmm(acc, a, b, out_dtype=float32, out=acc) adds half products into fp32 here (CUDA,
-    PyTorch >= 2.8): tried once per device, on a small problem. (Its beta=0 is not relied on: PyTorch 2.11 read
-    acc anyway for fp16 inputs at the Llama head's sizes.)"""
+    PyTorch >= 2.8): tried once per device, on a small problem. (Its beta=0 is not relied on: on an H200 with
+    PyTorch 2.11 the fp16 head's gradients went wrong when each sum's first chunk was written with beta=0, and
+    came right once the sum is zeroed and added to; the exact cause was not isolated.)"""
     try:
         a = torch.ones((2, 16), dtype=torch.bfloat16, device=device)
         acc = torch.ones((2, 2), dtype=torch.float32, device=device)
