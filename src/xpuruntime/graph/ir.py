@@ -159,8 +159,12 @@ class Graph:
         return names
 
     def add_constant(self, hint: str, array: np.ndarray) -> str:
+        """A new initializer holding `array`, as a read-only view (constants are never written; the CPU GEMM
+        packs only read-only weights, `onnx/ops/linalg`)."""
         name = self.fresh_name(hint)
-        self.initializers[name] = array
+        view = np.asarray(array).view()
+        view.flags.writeable = False
+        self.initializers[name] = view
         return name
 
     # -- checks ------------------------------------------------------------------------------
