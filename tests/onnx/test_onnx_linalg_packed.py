@@ -14,7 +14,7 @@ from test_onnx_reliability import GIB, run_limited
 from xpuruntime.onnx import InferenceSession
 from xpuruntime.onnx.ops import linalg
 
-K, N = 256, 320  # K * N >= linalg.MIN_WEIGHT: large enough for the packed path
+K, N = 512, 520  # K * N >= linalg.MIN_WEIGHT: large enough for the packed path
 
 
 @pytest.fixture(params=["onednn", "numpy"])
