@@ -123,7 +123,7 @@ CONSTANT_TABLES = {
     "policy": {"__all__"},
     "custom_ops": {"__all__"},
     "patching": {"__all__"},
-    "patching.architectures": {"GATE_ACTIVATIONS", "LLAMA_LIKE", "REQUIRED"},
+    "patching.architectures": {"GATE_ACTIVATIONS", "LLAMA_LIKE", "NOT_BY_DEFAULT", "REQUIRED"},
 }
 
 
