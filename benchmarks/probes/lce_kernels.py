@@ -1,11 +1,13 @@
 """Where linear_cross_entropy's forward + backward spends its device time, kernel by kernel, beside inductor's
-compiled F.linear + F.cross_entropy: the Llama head (8192 rows, vocabulary 32000, hidden 1024) under bf16
-autocast from fp32, torch.profiler over 5 calls after warm-up.
+compiled F.linear + F.cross_entropy: the Llama head (8192 rows, vocabulary 32000, hidden 1024; `gpt2`: 50257,
+768) under bf16 autocast from fp32, torch.profiler over 5 calls after warm-up.
 
-    python benchmarks/probes/lce_kernels.py
+    python benchmarks/probes/lce_kernels.py [gpt2]
 """
 
 from __future__ import annotations
+
+import sys
 
 import torch
 import torch.nn.functional as F
@@ -20,9 +22,10 @@ def reference(hidden, weight, target):
 
 def main() -> None:
     torch.manual_seed(0)
-    hidden = (torch.randn(8192, 1024, device="cuda") * 0.5).requires_grad_()
-    weight = (torch.randn(32000, 1024, device="cuda") * 1024**-0.5).requires_grad_()
-    target = torch.randint(0, 32000, (8192,), device="cuda")
+    vocab, width = (50257, 768) if sys.argv[1:] == ["gpt2"] else (32000, 1024)
+    hidden = (torch.randn(8192, width, device="cuda") * 0.5).requires_grad_()
+    weight = (torch.randn(vocab, width, device="cuda") * width**-0.5).requires_grad_()
+    target = torch.randint(0, vocab, (8192,), device="cuda")
     for name, fn in (("ours", xtorch.ops.linear_cross_entropy), ("inductor", torch.compile(reference))):
 
         def step(fn=fn):

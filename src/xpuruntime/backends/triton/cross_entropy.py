@@ -46,10 +46,15 @@ PAD_DEVICES = ("cuda",)  # where it pads (the tests add "cpu" to run the padded 
 
 @triton.jit
 def _ce_rows_kernel(
-    z_ptr, target_ptr, loss_ptr, scale_ptr, V, stride_z, scale_stride, ignore_index, smoothing, z_loss_scale,
-    HAS_LOSS: tl.constexpr, HAS_GRAD: tl.constexpr, ONE_PASS: tl.constexpr, BLOCK_V: tl.constexpr,
+    z_ptr, target_ptr, loss_ptr, scale_ptr, V, width, stride_z, scale_stride, ignore_index, smoothing,
+    z_loss_scale, HAS_LOSS: tl.constexpr, HAS_GRAD: tl.constexpr, ONE_PASS: tl.constexpr, BLOCK_V: tl.constexpr,
 ):  # fmt: skip
-    """One program per row of a logits chunk: its loss (HAS_LOSS) and its logit gradient in place (HAS_GRAD)."""
+    """One program per row of a logits chunk: its loss (HAS_LOSS) and its logit gradient in place (HAS_GRAD).
+
+    The row holds `width` >= V columns: a padded vocabulary's extra ones (`_padded_rows`) are loaded with the
+    rest, ignored in the sums and given gradient 0. Loads and stores are masked by `width`, a multiple of 16 when
+    padded, which lets Triton vectorize them: masked by an odd V (GPT-2's 50257) they went one element at a time,
+    3x slower (benchmarks/probes/lce_head_tuning.py)."""
     row = tl.program_id(0).to(tl.int64)
     z_row = z_ptr + row * stride_z
     t = tl.load(target_ptr + row).to(tl.int64)
@@ -57,25 +62,28 @@ def _ce_rows_kernel(
     in_range = (t >= 0) & (t < V)
     cols = tl.arange(0, BLOCK_V)
     if ONE_PASS:
-        mask = cols < V
+        mask = cols < width
+        real = cols < V
         z = tl.load(z_row + cols, mask=mask, other=float("-inf")).to(tl.float32)
+        z = tl.where(real, z, float("-inf"))
         m = tl.max(z, axis=0)
         e = tl.exp(z - m)
         total_exp = tl.sum(e, axis=0)
-        total = tl.sum(tl.where(mask, z, 0.0), axis=0)
+        total = tl.sum(tl.where(real, z, 0.0), axis=0)
     else:
         m = float("-inf")
         total_exp = 0.0
         total = 0.0
-        for start in range(0, V, BLOCK_V):
+        for start in range(0, width, BLOCK_V):
             c = start + cols
-            mask = c < V
-            z = tl.load(z_row + c, mask=mask, other=float("-inf")).to(tl.float32)
+            real = c < V
+            z = tl.load(z_row + c, mask=c < width, other=float("-inf")).to(tl.float32)
+            z = tl.where(real, z, float("-inf"))
             new_m = tl.maximum(m, tl.max(z, axis=0))
             shift = tl.where(new_m == float("-inf"), 0.0, new_m)  # a block of -inf only: nothing to rescale
             total_exp = total_exp * tl.exp(m - shift) + tl.sum(tl.exp(z - shift), axis=0)
             m = new_m
-            total += tl.sum(tl.where(mask, z, 0.0), axis=0)
+            total += tl.sum(tl.where(real, z, 0.0), axis=0)
     lse = m + tl.log(total_exp)
     if HAS_LOSS:
         z_t = tl.load(z_row + t, mask=valid & in_range, other=0.0).to(tl.float32)
@@ -87,14 +95,16 @@ def _ce_rows_kernel(
         coef = 1.0 + 2.0 * z_loss_scale * lse
         if ONE_PASS:
             g = (e / total_exp) * coef - smoothing / V - tl.where(cols == t, 1.0 - smoothing, 0.0)
-            tl.store(z_row + cols, (g * scale).to(z_ptr.dtype.element_ty), mask=mask)
+            g = tl.where(real, g * scale, 0.0)
+            tl.store(z_row + cols, g.to(z_ptr.dtype.element_ty), mask=mask)
         else:
-            for start in range(0, V, BLOCK_V):
+            for start in range(0, width, BLOCK_V):
                 c = start + cols
-                mask = c < V
+                mask = c < width
                 z = tl.load(z_row + c, mask=mask, other=0.0).to(tl.float32)
                 g = tl.exp(z - lse) * coef - smoothing / V - tl.where(c == t, 1.0 - smoothing, 0.0)
-                tl.store(z_row + c, (g * scale).to(z_ptr.dtype.element_ty), mask=mask)
+                g = tl.where(c < V, g * scale, 0.0)
+                tl.store(z_row + c, g.to(z_ptr.dtype.element_ty), mask=mask)
 
 
 def launch_config(ctx: DispatchContext) -> LaunchConfig:
@@ -203,7 +213,7 @@ class _Chunks:
                 _scaled(out_rows, factor)
             dz_t = z[:, : self.vocab].t()  # a padded vocabulary's extra columns have no gradient to keep
             if accumulators[0] is not None:
-                _product_into(accumulators[0], dz_t, rows, add=start > 0)
+                _weight_grad_into(accumulators[0], dz_t, rows, add=start > 0)
             if accumulators[1] is not None:
                 _column_sums_into(accumulators[1], dz_t, add=start > 0)
         for acc, buffer in zip(accumulators, (grad_weight, grad_bias)):
@@ -231,10 +241,24 @@ class _Chunks:
             scale_t = scale_t[start:]
         launch(
             _ce_rows_kernel, (c,), z, self.target[start:], z if losses is None else losses[start:], scale_t,
-            self.vocab, z.stride(0), scale_stride, at["ignore_index"], at["label_smoothing"], at["z_loss_scale"],
+            self.vocab, z.shape[1], z.stride(0), scale_stride, at["ignore_index"], at["label_smoothing"],
+            at["z_loss_scale"],
             HAS_LOSS=losses is not None, HAS_GRAD=scale is not None, ONE_PASS=p["ONE_PASS"], BLOCK_V=p["BLOCK_V"],
             num_warps=p["num_warps"],
         )  # fmt: skip
+
+
+def _weight_grad_into(acc: torch.Tensor, dz_t: torch.Tensor, rows: torch.Tensor, add: bool) -> None:
+    """acc (V, H) = (or +=) dz_t @ rows, as two GEMMs where V is not a multiple of VOCAB_ALIGN: its aligned part
+    and the tail rows. One GEMM over an odd V (GPT-2's 50257) got a slower cuBLAS kernel on an H200: 228 us per
+    1024-row chunk against 188 for the two (benchmarks/probes/lce_head_tuning.py)."""
+    vocab = acc.shape[0]
+    aligned = vocab - vocab % VOCAB_ALIGN
+    if aligned in (0, vocab) or acc.device.type not in PAD_DEVICES:
+        _product_into(acc, dz_t, rows, add)
+        return
+    _product_into(acc[:aligned], dz_t[:aligned], rows, add)
+    _product_into(acc[aligned:], dz_t[aligned:], rows, add)
 
 
 def _column_sums_into(acc: torch.Tensor, dz_t: torch.Tensor, add: bool) -> None:

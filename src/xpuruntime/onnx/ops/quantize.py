@@ -109,9 +109,11 @@ def _dynamic_quantize(xp: Any, node: Node, opset: int, x: Any) -> tuple:
     high = max(float(wide.max()), 0.0) if math.prod(x.shape) else 0.0
     scale = np.float32((high - low) / 255)
     zero = float(np.clip(np.rint(-low / scale), 0, 255)) if scale else 0.0
-    q = xp.rint(wide / scale) + zero if scale else wide * 0 + zero
-    return (xp.cast(xp.clip(q, 0, 255), xp.dtype("uint8")), xp.from_host(np.array(scale, np.float32), x),
-            xp.from_host(np.array(zero, np.uint8), x))  # fmt: skip
+    # Divide by the scale as an array on x's device: PyTorch's CUDA division by a host scalar multiplies by its
+    # reciprocal, which moves quotients near .5 to the other side of the rounding (the node test's -2.5 gave 25).
+    scale_array = xp.from_host(np.array(scale, np.float32), x)
+    q = xp.rint(wide / scale_array) + zero if scale else wide * 0 + zero
+    return xp.cast(xp.clip(q, 0, 255), xp.dtype("uint8")), scale_array, xp.from_host(np.array(zero, np.uint8), x)
 
 
 op("DynamicQuantizeLinear", *builders(_dynamic_quantize), tuple_output=True)
