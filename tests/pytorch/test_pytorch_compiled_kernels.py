@@ -212,3 +212,42 @@ def test_a_named_kernel_that_cannot_run_the_call_warns_and_leaves_it_to_inductor
         torch.testing.assert_close(got, (F.silu(gate) * up).sin().mul(1.5).sum())
         assert ("swiglu", "inductor", "fallback") in {(r.op_name, r.selected_kernel, r.reason) for r in log}
         assert "aten.silu.default" in _targets(backend.fw_graphs[0])
+
+
+def _linear_inputs():
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    return [torch.randn(*shape, requires_grad=True) for shape in ((5, 8), (6, 8), (6,))]
+
+
+def test_linear_is_left_to_inductor_where_the_policy_names_no_kernel():
+    """xpuruntime::linear (a patched GPT-2 MLP's c_fc + GELU, a BERT intermediate): with no kernel named for it,
+    the compiled forward and backward hold PyTorch's GEMMs and GELU for inductor, not the op (run opaque, its
+    Python dispatch made a compiled GPT-2 step host-bound); a pinned kernel that cannot be traced keeps it one
+    node."""
+    from xpuruntime.pytorch.custom_ops.linear import linear
+
+    def loss(x, w, b):
+        return linear(x, w, b, "gelu").sin().sum()
+
+    for registry in routed_registry():
+        x, w, b = _linear_inputs()
+        backend = AotEagerAndRecordGraphs()
+        with _dispatch_log() as log:
+            got = torch.compile(loss, backend=backend, fullgraph=True)(x, w, b)
+            grads = torch.autograd.grad(got, (x, w, b))
+        expected = F.gelu(F.linear(x, w, b), approximate="tanh").sin().sum()
+        torch.testing.assert_close(got, expected)
+        for g, e in zip(grads, torch.autograd.grad(expected, (x, w, b))):
+            torch.testing.assert_close(g, e)
+        forward, backward = _targets(backend.fw_graphs[0]), _targets(backend.bw_graphs[0])
+        assert not {t for t in forward | backward if t.startswith("xpuruntime.")}, forward | backward
+        assert "aten.gelu.default" in forward and "aten.gelu_backward.default" in backward
+        assert ("linear", "inductor", "compile") in {(r.op_name, r.selected_kernel, r.origin) for r in log}
+
+        x, w, b = (t.detach() for t in _linear_inputs())
+        backend = AotEagerAndRecordGraphs()
+        with xrt.kernel_policy(xrt.KernelPolicy({"linear": "test_mm"}, validate=registry)):  # no activation
+            got = torch.compile(lambda *a: linear(*a).sin().sum(), backend=backend, fullgraph=True)(x, w, b)
+        torch.testing.assert_close(got, F.linear(x, w, b).sin().sum())
+        assert "xpuruntime.linear.default" in _targets(backend.fw_graphs[0])
