@@ -15,8 +15,9 @@ LOGITS_CHUNK_BYTES at most (64 MiB: 1024 rows of a 32000-token vocabulary in bf1
 training step's peak memory, but at least MIN_CHUNK_ROWS rows (GPT-2's 50257 tokens: 98 MiB). Each chunk reads
 and writes the fp32 grad_weight sum once (8 * V * H bytes): on an H200, forward + backward of 8192 rows under
 autocast took 4.03 ms with 2048-row chunks and 4.31 ms with 1024-row ones at Llama's vocabulary (inductor's
-unchunked code: 3.04 ms), and 6.88 / 7.61 ms with 1280- / 640-row ones at GPT-2's; the smaller chunk saves
-64 MiB (Llama) of the step's peak. An fp32 gradient buffer (a master weight's) is the sum itself. Scratch
+unchunked code: 3.04 ms), and 6.88 / 7.61 ms with 1280- / 640-row ones at GPT-2's (before its row kernel and
+weight gradient were aligned: 4.64 ms of kernels with 1024-row chunks after, inductor's 4.38); the smaller chunk
+saves 64 MiB (Llama) of the step's peak. An fp32 gradient buffer (a master weight's) is the sum itself. Scratch
 buffers come from PyTorch's caching allocator (transient: the step's backward reuses them), not the runtime's
 per-thread workspace, which would hold them for good. Nothing syncs with the host: counts and scales stay on
 the device, so a CUDA graph can capture the whole op.
