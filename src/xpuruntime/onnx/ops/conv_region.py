@@ -27,7 +27,7 @@ import numpy as np
 
 from ...graph.ir import Node
 from .conv import activate_in_place
-from .record import F, Fn, op, torch
+from .record import F, Fn, host_tensor, op, torch
 
 Step = Callable[[list], None]  # one node (or a folded group) at one input signature: reads and writes slots
 Maker = Callable[[list, dict[str, np.ndarray]], Step]  # the step, decided from the first run's live values
@@ -70,7 +70,7 @@ def conv_region(node: Node, opset: int) -> Fn:
         values: list[Any] = [None] * len(slots)
         with torch.no_grad():
             for i, slot in fed:
-                values[slot] = _channels_last(torch.from_numpy(_writable(arrays[i])))
+                values[slot] = _channels_last(host_tensor(arrays[i]))  # float32: the pass's regions are
             key = (*(arrays[i].shape for i, _ in fed), *(id(arrays[i]) for i, _ in weights))
             plan = plans.get(key)
             if plan is None:  # held with the plan, the weight arrays keep their ids from being reused
@@ -106,13 +106,6 @@ def _remember(plans: dict, key: tuple, plan: Any) -> Any:
             del plans[next(iter(plans))]
     plans[key] = plan
     return plan
-
-
-def _writable(array: np.ndarray) -> np.ndarray:
-    """A float32 array PyTorch may view (a copy of a read-only or other-typed one)."""
-    if array.flags.writeable and array.dtype == np.float32:
-        return array
-    return np.array(array, np.float32)
 
 
 def _channels_last(t: Any) -> Any:

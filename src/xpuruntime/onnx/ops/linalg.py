@@ -21,7 +21,7 @@ import numpy as np
 
 from ...errors import ShapeError
 from ...graph.ir import Node
-from .record import Fn, Lowered, ints, is_float, itemsize, op, torch
+from .record import Fn, Lowered, host_tensor, ints, is_float, itemsize, op, torch
 
 ONEDNN_GEMM = importlib.util.find_spec("torch") is not None  # the CPU path's packed GEMM (tests turn it off)
 ROW_STEP = 16  # rows are padded up to a multiple of this (a bounded set of row counts for oneDNN)
@@ -96,14 +96,9 @@ class PackedLinear:
             padded = np.zeros((-(-m // ROW_STEP) * ROW_STEP, k), np.float32)
             padded[:m] = x
             x = padded
-        tb = None if bias is None else torch.from_numpy(_writeable(bias))
-        y = torch.ops.mkldnn._linear_pointwise(torch.from_numpy(_writeable(x)), packed, tb, "none", [], "").numpy()
+        tb = None if bias is None else host_tensor(bias)
+        y = torch.ops.mkldnn._linear_pointwise(host_tensor(x), packed, tb, "none", [], "").numpy()
         return y if y.shape[0] == m else y[:m]
-
-
-def _writeable(x: np.ndarray) -> np.ndarray:
-    """`x` C-contiguous and writeable (torch.from_numpy warns on a read-only array), copied only if need be."""
-    return x if x.flags.c_contiguous and x.flags.writeable else np.array(x, order="C")
 
 
 def _steered() -> bool:

@@ -211,13 +211,18 @@ def is_float(x: Any) -> bool:
     return dtype_name(x) in KERNEL_FLOATS
 
 
-def as_tensor(array: np.ndarray, device: Any, non_blocking: bool = False) -> Any:
-    """A host array as a tensor on `device`. torch.from_numpy shares the array's memory and warns about a
-    read-only one (initializers are), so that one, or a non-contiguous one, is copied first; a writable
-    contiguous array is not (and a 0-d array stays 0-d)."""
+def host_tensor(array: np.ndarray) -> Any:
+    """A CPU tensor over a host array's memory. torch.from_numpy shares the memory and warns about a read-only
+    array (initializers are), so that one, or a non-contiguous one, is copied first; a writable contiguous array
+    is not (and a 0-d array stays 0-d)."""
     if not array.flags.writeable or not array.flags.c_contiguous:
         array = np.array(array, order="C")
-    return torch.from_numpy(array).to(device, non_blocking=non_blocking)
+    return torch.from_numpy(array)
+
+
+def as_tensor(array: np.ndarray, device: Any, non_blocking: bool = False) -> Any:
+    """A host array as a tensor on `device` (`host_tensor`, then moved)."""
+    return host_tensor(array).to(device, non_blocking=non_blocking)
 
 
 class DeviceCache(dict):
