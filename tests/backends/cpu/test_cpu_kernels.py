@@ -3,6 +3,8 @@ an input's own view, integer sums that must not wrap."""
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -18,14 +20,34 @@ TOLERANCE = {"float16": 2e-3, "float32": 2e-5, "float64": 1e-12}
 rng = np.random.default_rng(7)
 
 
-def test_gelu_of_huge_finite_values_is_finite_and_exact():
-    """relu(x) written as x/2 + |x|/2 must not overflow where (x + |x|)/2 would (x > 1.7e38 in fp32)."""
-    x = np.array([3e38, -3e38, 1.7e38, -2.5, 0.0, 2.5, 1e-30], np.float32)
+@pytest.fixture(params=["numpy", "torch"])
+def gelu_path(request, monkeypatch):
+    """The float32 GELU runs on PyTorch's kernel where PyTorch is loaded, else on NumPy passes: both, here."""
+    if request.param == "numpy":
+        monkeypatch.setitem(sys.modules, "torch", None)  # sys.modules.get("torch") is None: not loaded
+    else:
+        pytest.importorskip("torch")
+    return request.param
+
+
+def test_gelu_of_huge_finite_values_is_finite_and_exact(gelu_path):
+    """NumPy: relu(x) written as x/2 + |x|/2 must not overflow where (x + |x|)/2 would (x > 1.7e38 in fp32);
+    PyTorch: its x * (1 + erf) / 2 overflows there, and min(gelu, |x|) mends it."""
+    x = np.array([3e38, -3e38, 1.7e38, -2.5, 0.0, 2.5, 1e-30, np.nan], np.float32)
     program = (("gelu", ("in", 0)),)
     got = xrt.ops.fused_elementwise(program, x, dtype="float32")
     ref = fused_reference(x, program=program, dtype="float64")
-    assert np.all(np.isfinite(got)), got
+    assert np.all(np.isfinite(got[:7])), got
     np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-7)
+
+
+def test_gelu_of_random_rows_matches_float64_on_both_paths(gelu_path):
+    """Bias + GELU over blocks of rows (the fused program's chunks), each path against the float64 reference."""
+    x = rng.standard_normal((5, 40_003)).astype(np.float32) * 4
+    b = rng.standard_normal(40_003).astype(np.float32)
+    program = (("add", ("in", 0), ("in", 1)), ("gelu", ("t", 0)))
+    got = xrt.ops.fused_elementwise(program, x, b, dtype="float32")
+    np.testing.assert_allclose(got, fused_reference(x, b, program=program, dtype="float64"), rtol=2e-6, atol=2e-6)
 
 
 def test_bias_gelu_in_row_blocks_matches_the_reference():

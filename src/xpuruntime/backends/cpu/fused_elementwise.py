@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import math
+import sys
 from collections.abc import Callable
 
 import numpy as np
@@ -57,7 +58,15 @@ def erf(x: np.ndarray) -> np.ndarray:
 
 
 def _gelu(x: np.ndarray, out: np.ndarray, s1: np.ndarray, s2: np.ndarray, s3: np.ndarray) -> np.ndarray:
-    """x * Phi(x) as relu(x) - |x|/2 * erfc(|x|/sqrt(2)), erfc by Abramowitz-Stegun 7.1.26: 21 cheap passes."""
+    """x * Phi(x): PyTorch's vectorized kernel on the same memory where PyTorch is already loaded, then
+    min(that, |x|), which is the same but where PyTorch's x * (1 + erf) / 2 overflows (x > 1.7e38 in float32);
+    2.7x faster than the passes below on a 65536-element block, one core (56 against 154 us; within 9e-7 of
+    float64). Else relu(x) - |x|/2 * erfc(|x|/sqrt(2)), erfc by Abramowitz-Stegun 7.1.26: 21 cheap passes.
+    (PyTorch's tanh GELU was slower than `_gelu_tanh`'s passes: 1.01 against 0.65 ms; it stays NumPy.)"""
+    torch = sys.modules.get("torch")  # never imported here: 1.6 s, and the core runs without it
+    if torch is not None and x.dtype == out.dtype == np.float32 and x.flags.writeable and out.flags.writeable:
+        torch._C._nn.gelu(torch.from_numpy(x), out=torch.from_numpy(out))
+        return np.minimum(out, np.abs(x, out=s1), out=out)
     if out.dtype == np.float64:
         np.multiply(x, _SQRT1_2, out=s1)
         _erf_into(s1, out, s2, s3)
