@@ -70,7 +70,7 @@ class PackedLinear:
             if self.packed is None:
                 try:
                     w = b if self.transposed else b.T  # (N, K), as nn.Linear holds it
-                    self.packed = torch.ops.mkldnn._reorder_linear_weight(torch.from_numpy(np.array(w, order="C")))
+                    self.packed = torch.ops.mkldnn._reorder_linear_weight(host_tensor(w))
                 except Exception:
                     self.failed = True
                     return None
