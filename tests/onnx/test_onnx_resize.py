@@ -83,7 +83,9 @@ def test_resize_matches_onnxruntime(mode: str, coordinates: str, target: str, rn
         roi = ROI
     model = resize_model(attrs, RESIZE_SHAPE, roi=roi, **RESIZE_TARGETS[target])
     feed = {"x": randn(rng, *RESIZE_SHAPE)}
-    same(ours(model, feed), onnxruntime(model, feed))
+    # linear and cubic sum 4 or 16 float32 taps of inputs up to ~6 in an order of their own: 900 draws came
+    # 7e-6 (linear) and 1.1e-5 (cubic) apart from onnxruntime at worst, on outputs near zero as well
+    same(ours(model, feed), onnxruntime(model, feed), atol=0 if mode == "nearest" else 5e-5)
 
 
 @pytest.mark.parametrize("coordinates", [*COORDINATES, "tf_half_pixel_for_nn"])
