@@ -1,12 +1,14 @@
 """Matrix ONNX ops: MatMul (through the selector's matmul kernels), Gemm, Einsum, Trilu, Det.
 
 On the CPU, an fp32 MatMul or Gemm by a constant 2-D weight (a read-only array: the model's initializers) of 16 to
-128 rows runs through oneDNN's inner product where PyTorch is installed (`PackedLinear`): the weight is reordered
+512 rows runs through oneDNN's inner product where PyTorch is installed (`PackedLinear`): the weight is reordered
 once per node into oneDNN's blocked layout (`torch.ops.mkldnn._reorder_linear_weight`, as inductor's CPU code does),
 so that a call does not pack it again as NumPy's OpenBLAS does on every call, a cost that grows with K * N, not with
-the rows: at GPT-2's batch 1 (128 rows) ~15-20% of the GEMM. oneDNN keeps a primitive, with memory of its own (about
-an output's worth), for every distinct row count it sees, so the rows are padded to a multiple of `ROW_STEP`: at
-most MAX_ROWS / ROW_STEP row counts per weight shape, whatever the input signatures. More rows run on NumPy (the
+the rows: at GPT-2's batch 1 (128 rows) ~15-20% of the GEMM, at ViT-B/16's batch 1 (197 rows) ~7% (one core: 768 x
+3072 weights, 93-99 GFLOP/s through NumPy and 102-107 packed from 208 to 768 rows; the model 1.044x faster with 512
+than with 128 rows at most). oneDNN keeps a primitive, with memory of its own (~0.6 MiB for a 768 x 3072 weight),
+for every distinct row count it sees, so the rows are padded to a multiple of `ROW_STEP`: at most
+MAX_ROWS / ROW_STEP row counts per weight shape, whatever the input signatures. More rows run on NumPy (the
 packing is spread over them; in 128-row chunks through oneDNN GPT-2 at batch 8 was no faster), as does
 everything without PyTorch (or with `ONEDNN_GEMM` off). The packed weights are a second copy of those weights.
 """
@@ -26,7 +28,7 @@ from .record import Fn, Lowered, host_tensor, ints, is_float, itemsize, op, torc
 ONEDNN_GEMM = importlib.util.find_spec("torch") is not None  # the CPU path's packed GEMM (tests turn it off)
 ROW_STEP = 16  # rows are padded up to a multiple of this (a bounded set of row counts for oneDNN)
 MIN_ROWS = 16  # fewer rows: NumPy (a matrix-vector-like product, where the weight's packing is no saving)
-MAX_ROWS = 128  # more rows: NumPy (OpenBLAS's packing of the weight is spread over them)
+MAX_ROWS = 512  # more rows: NumPy (OpenBLAS's packing of the weight is spread over them)
 MIN_WEIGHT = 512 * 512  # a weight of fewer elements: NumPy (oneDNN's per-call cost outweighs the packing: the built-in
 # encoder's 128 x 512 FFN weights at 64 rows ran 23% slower packed; the zoo's weights are 768 x 768 and up)
 
