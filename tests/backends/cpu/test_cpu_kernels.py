@@ -82,6 +82,41 @@ def test_attention_with_large_scores_takes_the_max_subtracting_path():
     np.testing.assert_allclose(got, attention_reference(q, k, v), rtol=1e-4, atol=1e-4)
 
 
+def _decoder_mask(batch: int, seq: int, kind: str, rng: np.random.Generator) -> np.ndarray:
+    """A causal mask with left padding (rows after the first padded): a padded query row sees no key. `kind`
+    "float": additive, float32.min where hidden (as Hugging Face builds it); "bool": True where visible."""
+    visible = np.broadcast_to(np.tril(np.ones((seq, seq), bool)), (batch, 1, seq, seq)).copy()
+    for row in range(1, batch):
+        visible[row, :, :, : int(rng.integers(1, seq // 2 + 1))] = False
+    if kind == "bool":
+        return visible
+    return np.where(visible, 0.0, np.finfo(np.float32).min).astype(np.float32)
+
+
+@pytest.mark.parametrize("kind", ["float", "bool", "keys only"])
+def test_attention_with_rows_the_mask_hides_computes_the_scores_once(kind, monkeypatch):
+    """Query rows that see no key (a decoder's padded rows) go straight to the row-max path: the scores are
+    computed once, and the answer is float64's (the uniform average under float32.min, NaN under a boolean
+    mask). A padding mask over keys only (an encoder's) hides no row and skips the row max."""
+    import xpuruntime.backends.cpu.attention as cpu_attention
+
+    calls = []
+    scores = cpu_attention._masked_scores
+    monkeypatch.setattr(cpu_attention, "_masked_scores", lambda *a, **kw: calls.append(1) or scores(*a, **kw))
+    q, k, v = (rng.standard_normal((3, 2, 9, 8)).astype(np.float32) for _ in range(3))
+    if kind == "keys only":
+        mask = np.where(np.arange(9) < 6, 0.0, -1e9).astype(np.float32)[None, None, None, :]
+    else:
+        mask = _decoder_mask(3, 9, kind, rng)
+    with xrt.kernel_policy(attention="math", strict=True):
+        got = xrt.ops.attention(q, k, v, mask)
+    want = attention_reference(q, k, v, mask)
+    assert calls == [1]
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    assert kind != "bool" or np.isnan(want).any()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
 def test_layer_norm_backward_of_a_row_with_nearly_equal_values() -> None:
     """Variance below eps: the gradient cancels hard; float32 statistics were off by 1e-3 relative
     (the row hypothesis found)."""

@@ -60,8 +60,8 @@ UNSHIFTED_MIN_SUM = 1e-30  # a row whose exp() sum is below this lost precision 
 def _exp_scores(args: ArgPack, q: np.ndarray, k: np.ndarray, scores: np.ndarray) -> tuple[np.ndarray, float]:
     """scores <- exp(scores - shift) in place, returning the row sums and a bound on the largest exp().
     softmax is shift-invariant, so when every score is small (the usual case) the per-row max pass is
-    skipped; a row that underflows (all keys hidden, large negative masks) or any NaN/inf sends the whole
-    call to the row-max path."""
+    skipped, unless the mask hides whole rows (`_mask_hides_rows`); a row that underflows anyway (large
+    scores pushed down by the mask) or any NaN/inf computes the scores again for the row-max path."""
     at = args.attrs
     rows, cols = slice(0, at["L"]), slice(0, at["S"])
     scale = scores.dtype.type(at["scale"])
@@ -70,7 +70,7 @@ def _exp_scores(args: ArgPack, q: np.ndarray, k: np.ndarray, scores: np.ndarray)
         q = q * scale
     _masked_scores(args, q, k, rows, cols, scores, scaled)
     top = scores.max()
-    if top <= UNSHIFTED_MAX:
+    if top <= UNSHIFTED_MAX and not _mask_hides_rows(args.inputs[3], at["is_causal"]):
         np.exp(scores, out=scores)
         sums = _row_sums(scores)
         if sums.min() >= UNSHIFTED_MIN_SUM:
@@ -79,6 +79,18 @@ def _exp_scores(args: ArgPack, q: np.ndarray, k: np.ndarray, scores: np.ndarray)
     scores -= scores.max(axis=-1, keepdims=True)
     np.exp(scores, out=scores)
     return _row_sums(scores), 1.0
+
+
+def _mask_hides_rows(mask: np.ndarray | None, is_causal: bool) -> bool:
+    """Whether the mask leaves some query row no key within exp()'s range (a padded query row of a decoder's
+    causal + padding mask, all float32.min: at GPT-2's batch 8, one core, a call took 20.7 ms computing its
+    scores twice, 15.8 ms once): such calls take the row-max path at once. Reads the mask, not the scores
+    (a row-max over the mask's own shape, ~1/H of the scores' size)."""
+    if mask is None or is_causal or mask.size == 0:
+        return False
+    if mask.dtype == bool:
+        return not mask.any(axis=-1).all()
+    return bool(mask.max(axis=-1).min() < -UNSHIFTED_MAX)
 
 
 def _row_sums(scores: np.ndarray) -> np.ndarray:
