@@ -1,7 +1,8 @@
 """MatMul and Gemm on the CPU by a constant fp32 weight: oneDNN with the weight packed once (linalg.PackedLinear)
-where PyTorch is installed, for 16 to linalg.MAX_ROWS (512) rows, NumPy otherwise; both match a float64 product at any row count
-(padded rows, broadcast batch dims, transB, bias shapes), the cases the packed path declines run on NumPy, a weight that
-can change between runs is never taken for a constant, and memory stays bounded across many row counts."""
+where PyTorch is installed, for 16 to linalg.MAX_ROWS (512) rows, NumPy otherwise; both match a float64 product at
+any row count (padded rows, broadcast batch dims, transB, bias shapes), the cases the packed path declines run on
+NumPy, a weight that can change between runs is never taken for a constant, and memory stays bounded across many
+row counts."""
 
 from __future__ import annotations
 
@@ -148,7 +149,8 @@ def test_a_policy_that_picks_the_matmul_kernel_keeps_it(packed_calls, rng, polic
 def test_many_row_counts_keep_memory_bounded() -> None:
     """oneDNN keeps a primitive (and its memory) per distinct row count: 300 row counts through a 768 x 3072 weight
     grow resident memory by less than 48 MB after the 40th (rows padded to multiples of 16, more than 512 on NumPy:
-    at most 32 row counts, 20 of them here; unpadded, one oneDNN primitive per row count grew it ~1-2 MB each at 100-200 rows)."""
+    at most 32 row counts, 20 of them here; unpadded, one oneDNN primitive per row count grew it ~1-2 MB each at
+    100-200 rows)."""
     pytest.importorskip("torch")
     code = """
         import resource

@@ -6,11 +6,12 @@ once per node into oneDNN's blocked layout (`torch.ops.mkldnn._reorder_linear_we
 so that a call does not pack it again as NumPy's OpenBLAS does on every call, a cost that grows with K * N, not with
 the rows: at GPT-2's batch 1 (128 rows) ~15-20% of the GEMM, at ViT-B/16's batch 1 (197 rows) ~7% (one core: 768 x
 3072 weights, 93-99 GFLOP/s through NumPy and 102-107 packed from 208 to 768 rows; the model 1.044x faster with 512
-than with 128 rows at most). oneDNN keeps a primitive, with memory of its own (~0.6 MiB for a 768 x 3072 weight),
-for every distinct row count it sees, so the rows are padded to a multiple of `ROW_STEP`: at most
-MAX_ROWS / ROW_STEP row counts per weight shape, whatever the input signatures. More rows run on NumPy (the
-packing is spread over them; in 128-row chunks through oneDNN GPT-2 at batch 8 was no faster), as does
-everything without PyTorch (or with `ONEDNN_GEMM` off). The packed weights are a second copy of those weights.
+than with 128 rows at most in an in-process A/B, within this machine's run-to-run noise in the bench). oneDNN keeps a
+primitive, with memory of its own (~0.6 MiB for a 768 x 3072 weight), for every distinct row count it sees, so the
+rows are padded to a multiple of `ROW_STEP`: at most MAX_ROWS / ROW_STEP row counts per weight shape, whatever the
+input signatures. More rows run on NumPy (the packing is spread over them; in 128-row chunks through oneDNN GPT-2 at
+batch 8 was no faster), as does everything without PyTorch (or with `ONEDNN_GEMM` off). The packed weights are a
+second copy of those weights.
 """
 
 from __future__ import annotations
