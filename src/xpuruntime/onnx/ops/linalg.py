@@ -164,11 +164,11 @@ def gemm(node: Node, opset: int) -> Fn:
             y = packed(a, b, None if c is None else c.reshape(-1))
             if y is not None:
                 return y
-        y = np.matmul(a.T if trans_a else a, b.T if trans_b else b)
+        y = np.matmul(a.T if trans_a else a, b.T if trans_b else b)  # a new array: scaled and summed in place
         if alpha != 1.0:
-            y = y * a.dtype.type(alpha)
-        if c is not None:
-            y = y + (c if beta == 1.0 else c * a.dtype.type(beta))
+            y *= y.dtype.type(alpha)
+        if c is not None:  # C broadcasts to (M, N), never beyond: Gemm's unidirectional broadcasting
+            y += c if beta == 1.0 else c * y.dtype.type(beta)
         return y.astype(a.dtype, copy=False)
 
     return run
