@@ -105,7 +105,7 @@ def kernels(op: str, m: int, n: int, device: str) -> None:
 
     fn = layers(op, m, n, device)["fwd+bwd (F.* with autograd)"]
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
-    sort = "cuda_time_total" if device == "cuda" else "cpu_time_total"
+    sort = "device_time_total" if device == "cuda" else "cpu_time_total"
     kernel = "triton" if device == "cuda" else "numpy"
     for label, policy in (("routed", KernelPolicy(**{op: kernel})), ("pytorch", None)):
         xtorch.set_kernel_policy(policy)
