@@ -160,3 +160,34 @@ def test_an_output_left_out_does_not_fill_the_slot_of_inputs_left_out(rng) -> No
     model = make(nodes, [vi("x", [4, 2, 3])], [vi("y", None)], {"w": w, "r": r, "hi": np.float32(0.1)}, opset=13)
     for level in LEVELS:
         same(session_at(model, level).run(None, {"x": x}), onnxruntime(model, {"x": x}))
+
+
+def test_planning_a_signature_computes_each_step_once(monkeypatch) -> None:
+    """A Gemm reading a reused buffer (the LayerNormalization kernel's output) with constant weights runs once
+    in the run that plans a signature and once per later run: binding the plan takes views of fixed arrays
+    only through the ops that return views, it does not compute a Gemm again to find out."""
+    import dataclasses
+
+    from xpuruntime.onnx.ops import OPS
+
+    calls = []
+    record = OPS["Gemm"]
+
+    def counted(node, opset):
+        fn = record.numpy(node, opset)
+        return lambda *args: calls.append(1) or fn(*args)
+
+    monkeypatch.setitem(OPS, "Gemm", dataclasses.replace(record, numpy=counted))
+    nodes = [
+        helper.make_node("LayerNormalization", ["x", "g", "b"], ["h"], axis=-1),
+        helper.make_node("Gemm", ["h", "w", "c"], ["y"], transB=1),
+    ]
+    consts = {"g": randn(RNG, 6), "b": randn(RNG, 6), "w": randn(RNG, 4, 6), "c": randn(RNG, 4)}
+    model = make(nodes, [vi("x", ["m", 6])], [vi("y", None)], consts, 17)
+    sess = InferenceSession(model.SerializeToString())
+    for rows, runs in ((3, 1), (3, 2), (5, 1)):
+        calls.clear()
+        x = randn(RNG, rows, 6)
+        for _ in range(runs):
+            check_reference(sess, model, {"x": x})
+        assert len(calls) == runs, f"{rows} rows: the Gemm ran {len(calls)} times in {runs} run(s)"

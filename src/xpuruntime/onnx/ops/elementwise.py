@@ -51,7 +51,7 @@ for _name, _numpy, _torch in (
     op(_name, _keep_dtype(_numpy), _lazy(_torch))
 
 op("Relu", lambda node, opset: lambda x: np.maximum(x, x.dtype.type(0)), _lazy("torch.relu"))
-op("Identity", _plain(lambda x: x), _plain(lambda x: x))
+op("Identity", _plain(lambda x: x), _plain(lambda x: x), views=True)
 op("Not", _plain(np.logical_not), _lazy("torch.logical_not"))
 op("IsNaN", _plain(np.isnan), _lazy("torch.isnan"))
 

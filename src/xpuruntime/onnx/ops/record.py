@@ -3,8 +3,9 @@
 An `OpRecord` holds every fact the session needs about an op: how to compute it with NumPy (`numpy`, the
 CPU path and constant folding) and with PyTorch (`torch`, the GPU path), which inputs are read on the host
 (shapes, axes, bounds) and which of those set the output's shape, whether the functions return a tuple,
-how old-opset forms are rewritten at load time (`upgrade`), which attribute values are declined
-(`check`), and which xrt op runs it through the selector (`lower`).
+whether the NumPy function may return a view of its first input (`views`), how old-opset forms are rewritten
+at load time (`upgrade`), which attribute values are declined (`check`), and which xrt op runs it through
+the selector (`lower`).
 
 A builder `(node, opset) -> function` parses a node's attributes once, when the step is made, and returns
 a small function of the node's input arrays (tensors on the GPU path) that returns its output, or a tuple
@@ -73,6 +74,7 @@ class OpRecord:
     host_inputs: frozenset[int] = frozenset()  # inputs the GPU path reads on the host (shape_inputs included)
     tuple_output: bool = False  # the functions return a tuple of outputs
     shape_only: bool = False  # the output depends only on the first input's shape (Shape, Size)
+    views: bool = False  # the NumPy function may return a view of its first input (Reshape, Transpose, Split...)
     upgrade: Upgrade | None = None  # rewrites old-opset forms of a node, at load time
     check: Check | None = None  # raises UnsupportedModelError for attribute values the session declines
     lower: Lowering | None = None  # the xrt op that runs the node through the selector, if any

@@ -93,7 +93,7 @@ def reshape_torch(node: Node, opset: int) -> Fn:
     return lambda x, target: x.reshape(reshape_dims(node, tuple(x.shape), target))
 
 
-op("Reshape", reshape, reshape_torch, shape_inputs=(1,), upgrade=reshape_1)
+op("Reshape", reshape, reshape_torch, shape_inputs=(1,), upgrade=reshape_1, views=True)
 
 
 def _flatten(node: Node, opset: int) -> Fn:
@@ -106,7 +106,7 @@ def _flatten(node: Node, opset: int) -> Fn:
     return run
 
 
-op("Flatten", _flatten, _flatten)
+op("Flatten", _flatten, _flatten, views=True)
 
 
 def transpose(node: Node, opset: int) -> Fn:
@@ -119,7 +119,7 @@ def transpose_torch(node: Node, opset: int) -> Fn:
     return lambda x: x.permute(*(perm if perm is not None else reversed(range(x.dim()))))
 
 
-op("Transpose", transpose, transpose_torch)
+op("Transpose", transpose, transpose_torch, views=True)
 
 
 # -- Squeeze and Unsqueeze --------------------------------------------------------------------------------------
@@ -171,8 +171,8 @@ def unsqueeze_torch(node: Node, opset: int) -> Fn:
     return run
 
 
-op("Squeeze", squeeze, squeeze_torch, shape_inputs=(1,))
-op("Unsqueeze", unsqueeze, unsqueeze_torch, shape_inputs=(1,))
+op("Squeeze", squeeze, squeeze_torch, shape_inputs=(1,), views=True)
+op("Unsqueeze", unsqueeze, unsqueeze_torch, shape_inputs=(1,), views=True)
 
 
 # -- Concat and Split -------------------------------------------------------------------------------------------
@@ -228,7 +228,7 @@ def split_torch(node: Node, opset: int) -> Fn:
     return run
 
 
-op("Split", split, split_torch, shape_inputs=(1,), tuple_output=True)
+op("Split", split, split_torch, shape_inputs=(1,), tuple_output=True, views=True)
 
 
 # -- Slice ------------------------------------------------------------------------------------------------------
@@ -284,7 +284,7 @@ def slice_torch(node: Node, opset: int) -> Fn:
     return _slice_1(run, node, opset)
 
 
-op("Slice", slice_, slice_torch, shape_inputs=(1, 2, 3, 4))
+op("Slice", slice_, slice_torch, shape_inputs=(1, 2, 3, 4), views=True)
 
 
 # -- Expand and Tile --------------------------------------------------------------------------------------------
@@ -301,7 +301,7 @@ def expand_size(node: Node, args: list, opset: int) -> tuple[tuple[int, ...], in
 
 op("Expand", lambda node, opset: lambda x, target: np.broadcast_to(x, expanded_shape(x.shape, target)),
    lambda node, opset: lambda x, target: x.expand(expanded_shape(tuple(x.shape), target)),
-   shape_inputs=(1,), size=expand_size)  # fmt: skip
+   shape_inputs=(1,), size=expand_size, views=True)  # fmt: skip
 
 
 def tile_size(node: Node, args: list, opset: int) -> tuple[tuple[int, ...], int]:
