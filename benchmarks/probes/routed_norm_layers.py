@@ -123,6 +123,32 @@ def kernels(op: str, m: int, n: int, device: str) -> None:
         print(prof.key_averages().table(sort_by=sort, row_limit=14, max_name_column_width=60))
 
 
+def host_profile(op: str, device: str, calls: int = 300) -> None:
+    """cProfile of routed forward + backward calls at the tiny shape: which Python functions hold the host time
+    beyond the bodies (the autograd Function, policy lookups, gradient unpacking)."""
+    import cProfile
+    import pstats
+
+    import xpuruntime.pytorch as xtorch
+    from xpuruntime import KernelPolicy
+
+    fn = layers(op, 8, 64, device)["fwd+bwd (F.* with autograd)"]
+    xtorch.set_kernel_policy(KernelPolicy(**{op: "triton" if device == "cuda" else "numpy"}))
+    try:
+        for _ in range(20):
+            fn()
+        profiler = cProfile.Profile()
+        profiler.enable()
+        for _ in range(calls):
+            fn()
+        profiler.disable()
+    finally:
+        xtorch.clear_kernel_policy()
+    print(f"== {op} 8x64 routed fwd+bwd: cProfile of {calls} calls")
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(30)
+    pstats.Stats(profiler).sort_stats("cumtime").print_stats(30)
+
+
 def main() -> None:
     import torch
 
@@ -131,12 +157,16 @@ def main() -> None:
     parser.add_argument(
         "--calls", type=int, default=100, help="calls per round at the tiny shape (a tenth at the large)"
     )
+    parser.add_argument("--profile", action="store_true", help="only the cProfile of the routed call")
     args = parser.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu":  # smoke test: route CPU calls to the CPU kernels
         from xpuruntime.pytorch import install
 
         install.route_devices(("cuda", "cpu"))
+    if args.profile:
+        host_profile(args.op, device)
+        return
     shapes = ((8192, 4096), (16384, 1024)) if device == "cuda" else ((64, 32),)
     timings(args.op, 8, 64, device, args.calls, host=True)
     for m, n in shapes:

@@ -205,3 +205,68 @@ def test_a_small_cnn_on_cuda_with_cuda_graphs(rng) -> None:
         same(session.run(None, feed), onnxruntime(model, feed), atol=1e-2, rtol=1e-2)
     assert {entry.note for entry in session.runner.cache.values()} == {"CUDA graph captured"}
     assert "on the host" not in session.explain()
+
+
+def test_gpu_path_keeps_half_precision_images_channels_last(rng, monkeypatch) -> None:
+    """On the GPU path (CPU tensors here, channels-last switched on for the CPU and float32) a residual block's
+    convolutions get channels-last weights, the residual Add + Relu (one fused elementwise kernel step) runs on
+    NHWC views so its output stays channels-last, and the outputs still match onnxruntime at two batch sizes."""
+    torch = pytest.importorskip("torch")
+    from xpuruntime.dispatch import Dispatcher
+    from xpuruntime.graph.passes import conv_regions
+    from xpuruntime.onnx import InferenceSession
+    from xpuruntime.onnx.runners import gpu_runner_factory
+
+    monkeypatch.setattr(conv_module, "CHANNELS_LAST_DEVICES", ("cuda", "cpu"))
+    monkeypatch.setattr(conv_module, "CHANNELS_LAST_DTYPES", ("float32",))
+    monkeypatch.setattr(conv_regions, "MIN_CONVS", 10**9)  # the CPU-only regions would take every convolution
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"]),
+        helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1]),
+        helper.make_node("Add", ["c2", "r1"], ["s"]),  # the residual: a convolution's output, as in ResNet
+        helper.make_node("Relu", ["s"], ["r2"]),
+        helper.make_node("Mul", ["r2", "scale"], ["m"]),  # a per-channel (C, 1, 1) operand, broadcast
+        helper.make_node("MaxPool", ["m"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("GlobalAveragePool", ["p"], ["a"]),
+        helper.make_node("Flatten", ["a"], ["f"]),
+        helper.make_node("Gemm", ["f", "fc"], ["y"], transB=1),
+    ]
+    consts = {"w1": randn(rng, 8, 8, 3, 3) / 4, "b1": randn(rng, 8), "w2": randn(rng, 8, 8, 3, 3) / 4,
+              "b2": randn(rng, 8), "scale": randn(rng, 8, 1, 1), "fc": randn(rng, 5, 8)}  # fmt: skip
+    model = make(nodes, [vi("x", ["n", 8, 9, 11])], [vi("y", None)], consts, 17)
+    session = InferenceSession(model.SerializeToString(), runner=gpu_runner_factory("cpu"),
+                               dispatcher=Dispatcher(_fused_elementwise_on_tensors(torch)))  # fmt: skip
+    for batch in (2, 3):
+        feed = {"x": randn(rng, batch, 8, 9, 11)}
+        same(session.run(None, feed), onnxruntime(model, feed), atol=1e-4, rtol=1e-4)
+        steps = [(s.node.op, s.kind, s.nhwc) for s in session.runner.last_plan().steps]
+        assert [op for op, _, nhwc in steps if nhwc] == ["fused_elementwise"], steps
+    weights = {name: t for name, t in session.runner.constants.popitem()[1].items() if name.endswith("channels_last")}
+    assert sorted(name.split("@")[0] for name in weights) == ["w1", "w2"]
+    assert all(t.is_contiguous(memory_format=torch.channels_last) and not t.is_contiguous() for t in weights.values())
+
+
+def _fused_elementwise_on_tensors(torch):
+    """A registry whose one kernel is the CPU's fused_elementwise on CPU tensors (a backend allocating tensors;
+    the NumPy kernel computes on NumPy views of them), as the GPU path's Triton kernel runs on CUDA tensors: a
+    kernel step the GPU planner makes on the CPU."""
+    import dataclasses
+
+    from xpuruntime.abi import ArgPack
+    from xpuruntime.registry import Backend, Registry, default_registry
+
+    registry, default = Registry(), default_registry()
+    for schema in default.ops.values():
+        registry.register_op(schema)
+    registry.register_backend(Backend("tensors", "cpu", lambda shape, dtype, device, stream=None: torch.empty(
+        tuple(shape), dtype=getattr(torch, str(dtype)))))  # fmt: skip
+    numpy = lambda t: t.numpy() if isinstance(t, torch.Tensor) else t  # noqa: E731
+    cpu = default.kernel("fused_elementwise", "numpy_codegen")
+
+    def launch(args: ArgPack) -> None:
+        arrays = tuple(map(numpy, args.inputs))
+        cpu.launch(ArgPack(arrays, numpy(args.out), args.attrs, args.config, numpy(args.workspace), args.stream))
+
+    registry.register_kernel(dataclasses.replace(cpu, name="numpy_on_tensors", backend="tensors", launch=launch))
+    return registry

@@ -29,7 +29,7 @@ from ..dispatch import Dispatcher
 from ..errors import UnsupportedByPolicyError, XpuRuntimeError
 from ..graph.ir import Graph, Node
 from .errors import NodeExecutionError, OutputTooLargeError
-from .lowering import XRT_DOMAIN, flattens, lower
+from .lowering import XRT_DOMAIN, flattens, from_nhwc, in_channels_last, lower, to_nhwc
 from .ops import OPS
 from .ops.record import broadcast_size
 
@@ -47,6 +47,7 @@ class Step:
     note: str = ""  # why a node with an xrt lowering runs as NumPy
     buffer_slot: int = 0  # where a kernel step finds its reused output buffer (slot 0: None, allocate)
     flat: bool = False  # a kernel step's MatMul runs on (M, K) views (see lowering.flattens)
+    nhwc: bool = False  # a kernel step's elementwise op runs on NHWC views (see lowering.in_channels_last)
     last_out: Any = None  # the array the kernel wrote on the planning run (the buffer's shape and dtype)
     run: Callable[[list], None] = field(default=lambda env: None, repr=False)
 
@@ -331,14 +332,16 @@ class Planner:
         if lowered is not None:
             op, positions, attrs = lowered
             op_args = [None if p is None else args[p] for p in positions]
-            flat = flattens(node, op_args)
+            flat, nhwc = flattens(node, op_args), in_channels_last(node, op_args)
             if flat:
                 op_args[0] = op_args[0].reshape(-1, op_args[0].shape[-1])
+            if nhwc:
+                op_args = [None if a is None else to_nhwc(a) for a in op_args]
             try:
                 plan = self.dispatcher.plan(op, *op_args, **attrs)
                 arity = len(self.dispatcher.registry.op(op).inputs)
                 kernel_ins = [0 if p is None else ins[p] for p in positions]
-                return _kernel_step(node, kernel_ins, outs, plan, arity, self.dispatcher, flat)
+                return _kernel_step(node, kernel_ins, outs, plan, arity, self.dispatcher, flat, nhwc)
             except UnsupportedByPolicyError:
                 raise  # strict: the policy's kernel or an error, never a quiet fallback to the op map
             except XpuRuntimeError as exc:
@@ -457,11 +460,12 @@ def _numpy_step(node: Node, ins: tuple, outs: tuple, fn: Callable, note: str, wr
 
 
 def _kernel_step(
-    node: Node, ins: list[int], outs: tuple, plan: Any, arity: int, dispatcher: Dispatcher, flat: bool = False
-) -> Step:
+    node: Node, ins: list[int], outs: tuple, plan: Any, arity: int, dispatcher: Dispatcher, flat: bool = False,
+    nhwc: bool = False,
+) -> Step:  # fmt: skip
     """A launch of the planned kernel; with `flat`, a MatMul's (..., K) input is viewed as (M, K) and the
-    (M, N) result as (..., N)."""
-    step = Step(node, "kernel", tuple(ins), outs, plan=plan, flat=flat)
+    (M, N) result as (..., N); with `nhwc`, the inputs as NHWC and the NHWC result as NCHW."""
+    step = Step(node, "kernel", tuple(ins), outs, plan=plan, flat=flat, nhwc=nhwc)
     padded = (*ins, *(0,) * (arity - len(ins)))  # slot 0 always holds None: optional inputs left out
     (o,) = outs[:1]
     launch, attrs, config = plan.launch, plan.attrs, plan.config
@@ -482,6 +486,10 @@ def _kernel_step(
             inputs[0] = a.reshape(-1, a.shape[-1])
             launch(ArgPack(tuple(inputs), out, attrs, config, workspace, stream))
             env[o] = out.reshape(*a.shape[:-1], out.shape[-1])
+        elif nhwc:
+            launch(ArgPack(tuple(None if x is None else to_nhwc(x) for x in inputs), out, attrs, config, workspace,
+                           stream))  # fmt: skip
+            env[o] = from_nhwc(out)
         else:
             launch(ArgPack(tuple(inputs), out, attrs, config, workspace, stream))
             env[o] = out

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..graph.ir import Node
 from .ops import OPS
-from .ops.record import Lowered
+from .ops.record import Lowered, torch
 
 XRT_DOMAIN = "xrt"
 
@@ -28,6 +28,34 @@ def flattens(node: Node, args: list) -> bool:
     a, b = args
     contiguous = a.flags.c_contiguous if isinstance(a, np.ndarray) else bool(getattr(a, "is_contiguous", bool)())
     return getattr(a, "ndim", 0) >= 3 and getattr(b, "ndim", 0) == 2 and contiguous
+
+
+def in_channels_last(node: Node, args: list) -> bool:
+    """A fused elementwise node whose image-sized inputs are channels-last tensors (the GPU path's convolution
+    outputs, see `ops.conv.wants_channels_last`) runs on NHWC views of its inputs (`to_nhwc`), so that its
+    output keeps the layout (`from_nhwc`): computed in NCHW order it would read channels-last inputs across
+    strides and hand the next convolution a tensor to transpose back."""
+    if node.domain != XRT_DOMAIN or node.op != "fused_elementwise":
+        return False
+    tensors = [a for a in args if a is not None]
+    if not tensors or not all(hasattr(a, "is_contiguous") and a.ndim <= 4 for a in tensors):
+        return False
+    images = [a for a in tensors if a.ndim == 4 and a.shape[1] > 1 and a.shape[2] * a.shape[3] > 1]
+    return bool(images) and all(
+        a.is_contiguous(memory_format=torch.channels_last) and not a.is_contiguous() for a in images
+    )
+
+
+def to_nhwc(a: Any) -> Any:
+    """An (N, C, H, W) tensor (or one that broadcasts to it) viewed as (N, H, W, C)."""
+    if a.ndim < 4:
+        a = a.reshape((1,) * (4 - a.ndim) + tuple(a.shape))
+    return a.permute(0, 2, 3, 1)
+
+
+def from_nhwc(a: Any) -> Any:
+    """An (N, H, W, C) result viewed as the (N, C, H, W) tensor it is: channels-last in memory."""
+    return a.permute(0, 3, 1, 2)
 
 
 def lower(node: Node, args: list[Any], opset: int) -> Lowered | None:

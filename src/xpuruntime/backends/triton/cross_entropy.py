@@ -11,13 +11,14 @@ PyTorch offers an fp32-output GEMM of half inputs, else via an fp32 product), gr
 
 On a CUDA device an odd vocabulary is padded with zero weight rows (`_padded_rows`); the padded columns'
 gradients are never summed. Only one (C, V) logits chunk is alive: C is chosen so that it takes
-LOGITS_CHUNK_BYTES at most (64 MiB: 1024 rows of a 32000-token vocabulary in bf16), for the chunk is part of a
-training step's peak memory, but at least MIN_CHUNK_ROWS rows (GPT-2's 50257 tokens: 98 MiB). Each chunk reads
-and writes the fp32 grad_weight sum once (8 * V * H bytes): on an H200, forward + backward of 8192 rows under
-autocast took 4.03 ms with 2048-row chunks and 4.31 ms with 1024-row ones at Llama's vocabulary (inductor's
-unchunked code: 3.04 ms), and 6.88 / 7.61 ms with 1280- / 640-row ones at GPT-2's (before its row kernel and
-weight gradient were aligned: 4.64 ms of kernels with 1024-row chunks after, inductor's 4.38); the smaller chunk
-saves 64 MiB (Llama) of the step's peak. An fp32 gradient buffer (a master weight's) is the sum itself. Scratch
+LOGITS_CHUNK_BYTES at most (256 MiB: 4096 rows of a 32000-token vocabulary in bf16), for the chunk is part of a
+training step's peak memory, but at least MIN_CHUNK_ROWS rows. Each chunk reads and writes the fp32 grad_weight
+sum once (8 * V * H bytes), which is why fewer, larger chunks are faster. Forward + backward of 8192 bf16 rows
+on an H200 (benchmarks/probes/lce_vocab_timing.py, budgets of 64 / 128 / 256 / 512 MiB): Llama's vocabulary
+(32000 x 1024) 4.18 / 3.66 / 3.45 / 3.12 ms for +0.18 / 0.24 / 0.37 / 0.49 GiB of peak (inductor's unchunked
+code 2.89 ms, +0.49 GiB); GPT-2's (50257 x 768) 5.46 / 5.11 / 4.66 / 4.42 ms (inductor 17.5 ms standalone).
+256 MiB keeps the patched Llama step's peak under Liger-Kernel's (5.08 GiB at 64 MiB, Liger 5.37).
+An fp32 gradient buffer (a master weight's) is the sum itself. Scratch
 buffers come from PyTorch's caching allocator (transient: the step's backward reuses them), not the runtime's
 per-thread workspace, which would hold them for good. Nothing syncs with the host: counts and scales stay on
 the device, so a CUDA graph can capture the whole op.
@@ -37,7 +38,7 @@ from ...context import DispatchContext
 from ...registry import kernel
 from .common import FLOAT_DTYPES, INTERPRET, as_torch, launch, next_pow2, no_negative_strides
 
-LOGITS_CHUNK_BYTES = 64 << 20
+LOGITS_CHUNK_BYTES = 256 << 20
 MIN_CHUNK_ROWS = 1024  # below this the fp32 weight-gradient sum's traffic per chunk outweighs its GEMM
 MAX_ONE_PASS = 32768  # vocabulary entries of a row kept in registers
 LOOP_BLOCK = 8192

@@ -22,6 +22,8 @@ from .record import F, Fn, ints, itemsize, on_host, op, torch
 from .window import Window, check_auto_pad, numpy_windows, torch_pad_widths, window
 
 CPU_TORCH = importlib.util.find_spec("torch") is not None  # the CPU path's fast kernels (tests turn it off)
+CHANNELS_LAST_DEVICES = ("cuda",)  # where the GPU path convolves 2-D in channels-last (tests add "cpu")
+CHANNELS_LAST_DTYPES = ("float16", "bfloat16")  # tensor-core dtypes: cuDNN's NHWC kernels, no transposes
 
 
 def _check_shapes(node: Node, x: Any, w: Any, group: int, channels_in_w: int) -> None:
@@ -163,18 +165,35 @@ def conv(node: Node, opset: int) -> Fn:
     return run
 
 
+def wants_channels_last(t: Any) -> bool:
+    """Whether the GPU path keeps this 4-D tensor (an image batch, a 2-D convolution's weight) channels-last.
+
+    In half precision cuDNN's fast convolutions are NHWC: given NCHW tensors it transposes the input, the weight
+    and the output around every call (inductor makes convolutional graphs channels-last for this reason). So the
+    convolution's input is made channels-last (once: the output of a channels-last convolution is channels-last,
+    and elementwise kernel steps keep the layout, see `lowering.in_channels_last`) and its constant weight is
+    moved to the device in that layout (`OpRecord.channels_last_inputs`)."""
+    return (
+        t.ndim == 4
+        and t.device.type in CHANNELS_LAST_DEVICES
+        and str(t.dtype).removeprefix("torch.") in CHANNELS_LAST_DTYPES
+    )
+
+
 def conv_torch(node: Node, opset: int) -> Fn:
     activation, params = _activation_of(node)
 
     def run(x: Any, w: Any, b: Any = None) -> Any:
         win, group = conv_window(node, x, w)
+        if wants_channels_last(x):
+            x = x.contiguous(memory_format=torch.channels_last)
         return activate_in_place(conv_with_torch(x, w, b, win, group), activation, params)
 
     return run
 
 
-op("Conv", conv, conv_torch, check=check_auto_pad)
-op("FusedConv", conv, conv_torch, check=check_auto_pad)
+op("Conv", conv, conv_torch, check=check_auto_pad, channels_last_inputs=frozenset({1}))
+op("FusedConv", conv, conv_torch, check=check_auto_pad, channels_last_inputs=frozenset({1}))
 
 
 # -- ConvTranspose --------------------------------------------------------------------------------------------------

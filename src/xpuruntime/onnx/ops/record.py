@@ -75,6 +75,7 @@ class OpRecord:
     tuple_output: bool = False  # the functions return a tuple of outputs
     shape_only: bool = False  # the output depends only on the first input's shape (Shape, Size)
     views: bool = False  # the NumPy function may return a view of its first input (Reshape, Transpose, Split...)
+    channels_last_inputs: frozenset[int] = frozenset()  # 4-D constants the GPU path may keep NHWC (Conv's weight)
     upgrade: Upgrade | None = None  # rewrites old-opset forms of a node, at load time
     check: Check | None = None  # raises UnsupportedModelError for attribute values the session declines
     lower: Lowering | None = None  # the xrt op that runs the node through the selector, if any

@@ -21,6 +21,7 @@ from ..errors import UnsupportedModelError
 from ..executor import ExecutionPlan, Planner, Step
 from ..feeds import check_arrays, check_tensors
 from ..ops import OPS
+from ..ops.conv import wants_channels_last
 from ..ops.record import F, as_tensor, on_host, torch, torch_dtype
 from .base import GraphVariant, Runner
 
@@ -117,12 +118,15 @@ class GpuPlanner(Planner):
         for position, (name, index) in enumerate(zip(node.inputs, ins)):
             value = values[index]
             if index in static and isinstance(value, np.ndarray) and position not in host and name:
-                device_name = f"{name}@{self.device}"
+                nhwc = not node.domain and position in OPS[node.op].channels_last_inputs
+                device_name = f"{name}@{self.device}" + ("/channels_last" if nhwc else "")
                 index = slot(device_name)
                 if values[index] is None:  # initializers move once per runner, shape-derived values per plan
                     tensor = self.constants.get(device_name)
                     if tensor is None:
                         tensor = as_tensor(value, self.device)
+                        if nhwc and wants_channels_last(tensor):
+                            tensor = tensor.contiguous(memory_format=torch.channels_last)
                         if name in self.graph.initializers:
                             self.constants[device_name] = tensor
                     values[index] = tensor
