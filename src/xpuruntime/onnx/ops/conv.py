@@ -180,6 +180,13 @@ def wants_channels_last(t: Any) -> bool:
     )
 
 
+def _cudnn_conv_relu(x: Any, w: Any, b: Any, win: Window, group: int) -> Any:
+    """relu(conv(x) + b) as one cuDNN kernel (bias and Relu in its epilogue): F.conv2d and an in-place Relu make
+    three passes over the output (convolution, bias add, Relu), inductor's code two."""
+    pads = [begin for begin, _ in win.widths()]
+    return torch.ops.aten.cudnn_convolution_relu(x, w, b, win.strides, pads, win.dilations, group)
+
+
 def conv_torch(node: Node, opset: int) -> Fn:
     activation, params = _activation_of(node)
 
@@ -187,6 +194,8 @@ def conv_torch(node: Node, opset: int) -> Fn:
         win, group = conv_window(node, x, w)
         if wants_channels_last(x):
             x = x.contiguous(memory_format=torch.channels_last)
+            if activation == "Relu" and x.is_cuda and all(begin == end for begin, end in win.widths()):
+                return _cudnn_conv_relu(x, w, b, win, group)
         return activate_in_place(conv_with_torch(x, w, b, win, group), activation, params)
 
     return run
