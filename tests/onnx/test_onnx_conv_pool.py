@@ -207,19 +207,8 @@ def test_a_small_cnn_on_cuda_with_cuda_graphs(rng) -> None:
     assert "on the host" not in session.explain()
 
 
-def test_gpu_path_keeps_half_precision_images_channels_last(rng, monkeypatch) -> None:
-    """On the GPU path (CPU tensors here, channels-last switched on for the CPU and float32) a residual block's
-    convolutions get channels-last weights, the residual Add + Relu (one fused elementwise kernel step) runs on
-    NHWC views so its output stays channels-last, and the outputs still match onnxruntime at two batch sizes."""
-    torch = pytest.importorskip("torch")
-    from xpuruntime.dispatch import Dispatcher
-    from xpuruntime.graph.passes import conv_regions
-    from xpuruntime.onnx import InferenceSession
-    from xpuruntime.onnx.runners import gpu_runner_factory
-
-    monkeypatch.setattr(conv_module, "CHANNELS_LAST_DEVICES", ("cuda", "cpu"))
-    monkeypatch.setattr(conv_module, "CHANNELS_LAST_DTYPES", ("float32",))
-    monkeypatch.setattr(conv_regions, "MIN_CONVS", 10**9)  # the CPU-only regions would take every convolution
+def _residual_block(rng):
+    """Conv + Relu, Conv + the first's output as residual + Relu, a per-channel scale, pools and a Gemm."""
     nodes = [
         helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
         helper.make_node("Relu", ["c1"], ["r1"]),
@@ -234,7 +223,29 @@ def test_gpu_path_keeps_half_precision_images_channels_last(rng, monkeypatch) ->
     ]
     consts = {"w1": randn(rng, 8, 8, 3, 3) / 4, "b1": randn(rng, 8), "w2": randn(rng, 8, 8, 3, 3) / 4,
               "b2": randn(rng, 8), "scale": randn(rng, 8, 1, 1), "fc": randn(rng, 5, 8)}  # fmt: skip
-    model = make(nodes, [vi("x", ["n", 8, 9, 11])], [vi("y", None)], consts, 17)
+    return make(nodes, [vi("x", ["n", 8, 9, 11])], [vi("y", None)], consts, 17)
+
+
+@pytest.fixture
+def channels_last_on_the_cpu(monkeypatch):
+    """The GPU path's channels-last convolutions on CPU tensors in float32 (the CPU-only regions off)."""
+    from xpuruntime.graph.passes import conv_regions
+
+    monkeypatch.setattr(conv_module, "CHANNELS_LAST_DEVICES", ("cuda", "cpu"))
+    monkeypatch.setattr(conv_module, "CHANNELS_LAST_DTYPES", ("float32",))
+    monkeypatch.setattr(conv_regions, "MIN_CONVS", 10**9)  # the CPU-only regions would take every convolution
+
+
+def test_gpu_path_keeps_half_precision_images_channels_last(rng, channels_last_on_the_cpu) -> None:
+    """On the GPU path (CPU tensors here) a residual block's convolutions get channels-last weights, the residual
+    Add + Relu (one fused elementwise kernel step) runs on NHWC views so its output stays channels-last, and the
+    outputs still match onnxruntime at two batch sizes."""
+    torch = pytest.importorskip("torch")
+    from xpuruntime.dispatch import Dispatcher
+    from xpuruntime.onnx import InferenceSession
+    from xpuruntime.onnx.runners import gpu_runner_factory
+
+    model = _residual_block(rng)
     session = InferenceSession(model.SerializeToString(), runner=gpu_runner_factory("cpu"),
                                dispatcher=Dispatcher(_fused_elementwise_on_tensors(torch)))  # fmt: skip
     for batch in (2, 3):
@@ -245,6 +256,30 @@ def test_gpu_path_keeps_half_precision_images_channels_last(rng, monkeypatch) ->
     weights = {name: t for name, t in session.runner.constants.popitem()[1].items() if name.endswith("channels_last")}
     assert sorted(name.split("@")[0] for name in weights) == ["w1", "w2"]
     assert all(t.is_contiguous(memory_format=torch.channels_last) and not t.is_contiguous() for t in weights.values())
+
+
+def test_residual_add_and_relu_fuse_into_the_convolution_for_the_gpu(rng, channels_last_on_the_cpu, monkeypatch):
+    """With the passes made for a CUDA session, the block's Conv + Add + Relu is one FusedConv with the residual as
+    its fourth input Z (cuDNN's conv + bias + add + Relu on the GPU); run through the GPU path's functions and the
+    NumPy path alike, it matches onnxruntime. A CPU session does not fuse it (its regions sum residuals themselves)."""
+    pytest.importorskip("torch")
+    from xpuruntime.onnx import InferenceSession
+    from xpuruntime.onnx import session as session_module
+    from xpuruntime.onnx.runners import gpu_runner_factory
+
+    model = _residual_block(rng)
+    feed = {"x": randn(rng, 2, 8, 9, 11)}
+    want = onnxruntime(model, feed)
+    cpu_graph = InferenceSession(model.SerializeToString()).graph
+    assert not [n for n in cpu_graph.nodes if n.op == "FusedConv" and len(n.inputs) == 4]
+    optimize = session_module.optimize
+    monkeypatch.setattr(session_module, "optimize", lambda graph, level, dispatcher, device, semantics: optimize(
+        graph, level, dispatcher, "cuda", semantics))  # fmt: skip
+    for runner in (gpu_runner_factory("cpu"), None):
+        session = InferenceSession(model.SerializeToString(), runner=runner)
+        fused = [n for n in session.graph.nodes if n.op == "FusedConv" and len(n.inputs) == 4]
+        assert len(fused) == 1 and fused[0].inputs[3] and "Add" not in session.graph.op_counts()
+        same(session.run(None, feed), want, atol=1e-4, rtol=1e-4)
 
 
 def _fused_elementwise_on_tensors(torch):

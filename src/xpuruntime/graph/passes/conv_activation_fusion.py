@@ -5,6 +5,11 @@ the activation in place on the convolution's output instead of writing and readi
 Activations: Relu, LeakyRelu (alpha), Sigmoid, Tanh, HardSigmoid (alpha, beta), HardSwish, and Clip with constant
 bounds (inputs from opset 11, attributes before). CNNs exported by either PyTorch exporter have one after most
 convolutions (ResNet's ReLUs, MobileNetV3's HardSwish and ReLU).
+
+On the GPU a residual block's last Conv, the Add of the block's input and the Relu after it become one FusedConv
+with onnxruntime's fourth input Z, `Y = Relu(Conv(X, W, B) + Z)`: cuDNN computes it in one kernel (channels-last,
+`ops.conv`), where the Conv, its bias, the Add and the Relu took three passes over the block's output. (On the CPU
+the convolution regions sum residuals into oneDNN's convolutions themselves.)
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..ir import Graph, Node
-from .util import only_consumer, remove, scalar
+from .util import only_consumer, other_input, remove, scalar
 
 if TYPE_CHECKING:
     from . import PassContext
@@ -50,7 +55,7 @@ def _clip(graph: Graph, node: Node) -> tuple[str, list[float]] | None:
 
 
 def run(graph: Graph, ctx: PassContext) -> int:
-    changes = 0
+    changes = _fuse_residuals(graph) if ctx.device == "cuda" else 0
     consumers = graph.consumers()
     for conv in [n for n in graph.nodes if n.op == "Conv" and not n.domain]:
         act = only_consumer(graph, consumers, conv.outputs[0])
@@ -65,5 +70,32 @@ def run(graph: Graph, ctx: PassContext) -> int:
         at = graph.nodes.index(conv)
         remove(graph, [conv, act])
         graph.nodes.insert(min(at, len(graph.nodes)), fused)
+        changes += 1
+    return changes
+
+
+def _fuse_residuals(graph: Graph) -> int:
+    """Conv -> Add(., Z) -> Relu, Z of the Conv output's shape, into FusedConv(X, W, B, Z) with Relu."""
+    changes = 0
+    consumers = graph.consumers()
+    for conv in [n for n in graph.nodes if n.op == "Conv" and not n.domain]:
+        add = only_consumer(graph, consumers, conv.outputs[0])
+        if add is None or add.op != "Add" or add.domain:
+            continue
+        residual = other_input(add, conv.outputs[0])
+        relu = only_consumer(graph, consumers, add.outputs[0])
+        if residual is None or residual == conv.outputs[0] or relu is None or relu.op != "Relu" or relu.domain:
+            continue
+        shape, other = graph.value(conv.outputs[0]).shape, graph.value(residual).shape
+        if shape is None or shape != other or len(shape) != 4:  # Z is never broadcast
+            continue
+        x, weight, bias = [*conv.inputs, "", ""][:3]
+        inputs = [x, weight, bias, residual]
+        attrs = {**conv.attrs, "activation": "Relu", "activation_params": []}
+        fused = Node("FusedConv", inputs, [relu.outputs[0]], attrs, graph.fresh_name("FusedConv"))
+        at = graph.nodes.index(add)  # Z may be made after the Conv: the fused node goes where the Add was
+        remove(graph, [conv, add, relu])
+        graph.nodes.insert(min(at - 1, len(graph.nodes)), fused)
+        consumers = graph.consumers()
         changes += 1
     return changes

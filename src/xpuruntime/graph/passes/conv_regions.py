@@ -114,6 +114,8 @@ def _conv(graph: Graph, node: Node) -> bool:
     bias_name = node.inputs[2] if len(node.inputs) > 2 else ""
     if weight is None or weight.ndim != 4 or (bias_name and graph.constant(bias_name) is None):
         return False
+    if len(node.inputs) > 3 and node.inputs[3]:  # a residual Z (made on the GPU only): not the region's form
+        return False
     if node.attrs.get("activation") not in ACTIVATIONS:
         return False
     params = [float(p) for p in node.attrs.get("activation_params", ())]

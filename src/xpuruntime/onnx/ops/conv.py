@@ -100,7 +100,8 @@ class _CpuTorch:
         return kept[1]
 
 
-# FusedConv (graph/passes/conv_activation_fusion) is a Conv whose activation runs in place on its output
+# FusedConv (graph/passes/conv_activation_fusion) is a Conv whose activation runs in place on its output (after
+# adding its optional fourth input Z, as onnxruntime's com.microsoft.FusedConv)
 def activate_in_place(y: Any, activation: str | None, params: list[float]) -> Any:
     """The activation applied in place to a fresh convolution output (a tensor); None: none."""
     if activation is None:
@@ -154,12 +155,15 @@ def conv(node: Node, opset: int) -> Fn:
     activation, params = _activation_of(node)
     on_cpu_torch = _CpuTorch()
 
-    def run(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
+    def run(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None, z: np.ndarray | None = None) -> np.ndarray:
         win, group = conv_window(node, x, w)
         if CPU_TORCH and _torch_conv(len(win.out)) is not None:
-            convolve = lambda *t: activate_in_place(conv_with_torch(*t, win, group), activation, params)  # noqa: E731
-            return on_cpu_torch(convolve, x, w, b)
+            convolve = lambda *t: activate_in_place(_summed(conv_with_torch(*t[:3], win, group), *t[3:]),  # noqa: E731
+                                                    activation, params)  # fmt: skip
+            return on_cpu_torch(convolve, x, w, b, z)
         y = conv_im2col(x.astype(np.float32) if x.dtype == np.float16 else x, w.astype(x.dtype), b, win, group)
+        if z is not None:
+            y += z
         return _activate_numpy(y, activation, params).astype(x.dtype, copy=False)
 
     return run
@@ -180,23 +184,31 @@ def wants_channels_last(t: Any) -> bool:
     )
 
 
-def _cudnn_conv_relu(x: Any, w: Any, b: Any, win: Window, group: int) -> Any:
-    """relu(conv(x) + b) as one cuDNN kernel (bias and Relu in its epilogue): F.conv2d and an in-place Relu make
-    three passes over the output (convolution, bias add, Relu), inductor's code two."""
+def _summed(y: Any, z: Any = None) -> Any:
+    """A FusedConv's fourth input Z (a residual, `graph.passes.conv_activation_fusion`) added in place."""
+    return y if z is None else y.add_(z)
+
+
+def _cudnn_conv_relu(x: Any, w: Any, b: Any, z: Any, win: Window, group: int) -> Any:
+    """relu(conv(x) + b (+ z)) as one cuDNN kernel (bias, residual and Relu in its epilogue): F.conv2d, an Add and
+    an in-place Relu make three or four passes over the output (convolution, bias, residual, Relu)."""
     pads = [begin for begin, _ in win.widths()]
-    return torch.ops.aten.cudnn_convolution_relu(x, w, b, win.strides, pads, win.dilations, group)
+    if z is None:
+        return torch.ops.aten.cudnn_convolution_relu(x, w, b, win.strides, pads, win.dilations, group)
+    z = z.contiguous(memory_format=torch.channels_last)
+    return torch.ops.aten.cudnn_convolution_add_relu(x, w, z, 1.0, b, win.strides, pads, win.dilations, group)
 
 
 def conv_torch(node: Node, opset: int) -> Fn:
     activation, params = _activation_of(node)
 
-    def run(x: Any, w: Any, b: Any = None) -> Any:
+    def run(x: Any, w: Any, b: Any = None, z: Any = None) -> Any:
         win, group = conv_window(node, x, w)
         if wants_channels_last(x):
             x = x.contiguous(memory_format=torch.channels_last)
             if activation == "Relu" and x.is_cuda and all(begin == end for begin, end in win.widths()):
-                return _cudnn_conv_relu(x, w, b, win, group)
-        return activate_in_place(conv_with_torch(x, w, b, win, group), activation, params)
+                return _cudnn_conv_relu(x, w, b, z, win, group)
+        return activate_in_place(_summed(conv_with_torch(x, w, b, win, group), z), activation, params)
 
     return run
 
