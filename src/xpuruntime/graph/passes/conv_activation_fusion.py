@@ -75,7 +75,7 @@ def run(graph: Graph, ctx: PassContext) -> int:
 
 
 def _fuse_residuals(graph: Graph) -> int:
-    """Conv -> Add(., Z) -> Relu, Z of the Conv output's shape, into FusedConv(X, W, B, Z) with Relu."""
+    """Conv -> Add(., Z) -> Relu, Z maybe of the Conv output's shape, into FusedConv(X, W, B, Z) with Relu."""
     changes = 0
     consumers = graph.consumers()
     for conv in [n for n in graph.nodes if n.op == "Conv" and not n.domain]:
@@ -86,8 +86,7 @@ def _fuse_residuals(graph: Graph) -> int:
         relu = only_consumer(graph, consumers, add.outputs[0])
         if residual is None or residual == conv.outputs[0] or relu is None or relu.op != "Relu" or relu.domain:
             continue
-        shape, other = graph.value(conv.outputs[0]).shape, graph.value(residual).shape
-        if shape is None or shape != other or len(shape) != 4:  # Z is never broadcast
+        if not _may_match(graph.value(conv.outputs[0]).shape, graph.value(residual).shape):
             continue
         x, weight, bias = [*conv.inputs, "", ""][:3]
         inputs = [x, weight, bias, residual]
@@ -99,3 +98,11 @@ def _fuse_residuals(graph: Graph) -> int:
         consumers = graph.consumers()
         changes += 1
     return changes
+
+
+def _may_match(shape: tuple | None, other: tuple | None) -> bool:
+    """Whether two 4-D shapes can be equal: known dims equal (symbolic ones, such as an exported model's dynamic
+    height and width, are often named apart; the FusedConv adds Z by ONNX's broadcasting when they differ)."""
+    if shape is None or other is None or len(shape) != 4 or len(other) != 4:
+        return False
+    return all(a == b for a, b in zip(shape, other) if isinstance(a, int) and isinstance(b, int))
