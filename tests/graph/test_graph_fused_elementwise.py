@@ -45,6 +45,18 @@ def test_random_programs_match_reference(data: st.DataObject, dtype: str, n_inpu
     np.testing.assert_allclose(out, want, rtol=TOL[dtype], atol=TOL[dtype])
 
 
+@pytest.mark.parametrize("op", ["gelu", "gelu_tanh", "erf", "tanh"])
+def test_unary_of_a_broadcast_input_fills_the_whole_output(rng, op) -> None:
+    """A unary op on an input smaller than the output (found by the property test above: float32 GELU through
+    PyTorch's kernel with out= resized the output to the input's (5, 1) and left 104 of 105 elements unset)."""
+    x = rng.standard_normal((5, 1)).astype(np.float32)
+    program = ((op, ("in", 0)), ("add", ("t", 0), ("in", 1)))
+    zero = np.zeros((3, 5, 7), np.float32)
+    out = np.full((3, 5, 7), np.nan, np.float32)
+    xrt.ops.fused_elementwise(program, x, zero, dtype="float32", out=out)
+    np.testing.assert_allclose(out, reference(x, zero, program=program), rtol=2e-5, atol=2e-5)
+
+
 @pytest.mark.parametrize("op", sorted(UNARY))
 def test_each_unary_op(op: str) -> None:
     x = np.random.default_rng(0).uniform(0.1, 3.0, (4, 9)).astype(np.float32)

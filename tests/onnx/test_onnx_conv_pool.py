@@ -229,7 +229,9 @@ def _residual_block(rng):
 @pytest.fixture
 def channels_last_on_the_cpu(monkeypatch):
     """The GPU path's channels-last convolutions on CPU tensors in float32 (the CPU-only regions off)."""
-    from xpuruntime.graph.passes import conv_regions
+    from xpuruntime.graph.passes import conv_activation_fusion, conv_regions
+
+    monkeypatch.setattr(conv_activation_fusion, "RESIDUAL_DTYPES", ("float32",))
 
     monkeypatch.setattr(conv_module, "CHANNELS_LAST_DEVICES", ("cuda", "cpu"))
     monkeypatch.setattr(conv_module, "CHANNELS_LAST_DTYPES", ("float32",))

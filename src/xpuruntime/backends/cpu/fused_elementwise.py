@@ -64,7 +64,8 @@ def _gelu(x: np.ndarray, out: np.ndarray, s1: np.ndarray, s2: np.ndarray, s3: np
     float64). Else relu(x) - |x|/2 * erfc(|x|/sqrt(2)), erfc by Abramowitz-Stegun 7.1.26: 21 cheap passes.
     (PyTorch's tanh GELU was slower than `_gelu_tanh`'s passes: 1.01 against 0.65 ms; it stays NumPy.)"""
     torch = sys.modules.get("torch")  # never imported here: 1.6 s, and the core runs without it
-    if torch is not None and x.dtype == out.dtype == np.float32 and x.flags.writeable and out.flags.writeable:
+    fits = x.shape == out.shape  # PyTorch's out= would be resized to a broadcast operand's shape, not filled
+    if torch is not None and fits and x.dtype == out.dtype == np.float32 and x.flags.writeable and out.flags.writeable:
         torch._C._nn.gelu(torch.from_numpy(x), out=torch.from_numpy(out))
         return np.minimum(out, np.abs(x, out=s1), out=out)
     if out.dtype == np.float64:

@@ -9,7 +9,9 @@ convolutions (ResNet's ReLUs, MobileNetV3's HardSwish and ReLU).
 On the GPU a residual block's last Conv, the Add of the block's input and the Relu after it become one FusedConv
 with onnxruntime's fourth input Z, `Y = Relu(Conv(X, W, B) + Z)`: cuDNN computes it in one kernel (channels-last,
 `ops.conv`), where the Conv, its bias, the Add and the Relu took three passes over the block's output. (On the CPU
-the convolution regions sum residuals into oneDNN's convolutions themselves.)
+the convolution regions sum residuals into oneDNN's convolutions themselves. In float32, where the GPU path
+convolves NCHW, the Add + Relu stays one fused elementwise kernel: as FusedConv's in-place add and Relu it is two
+passes, and ResNet-50 fp32 B64 went from 9.39 to 10.1 ms on an H200.)
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ if TYPE_CHECKING:
     from . import PassContext
 
 SIMPLE = {"Relu", "Sigmoid", "Tanh", "HardSwish"}
+RESIDUAL_DTYPES = ("float16", "bfloat16")  # where the GPU path has cuDNN's fused form (channels-last, `ops.conv`)
 
 
 def _activation(graph: Graph, node: Node) -> tuple[str, list[float]] | None:
@@ -86,7 +89,8 @@ def _fuse_residuals(graph: Graph) -> int:
         relu = only_consumer(graph, consumers, add.outputs[0])
         if residual is None or residual == conv.outputs[0] or relu is None or relu.op != "Relu" or relu.domain:
             continue
-        if not _may_match(graph.value(conv.outputs[0]).shape, graph.value(residual).shape):
+        out = graph.value(conv.outputs[0])
+        if out.dtype not in RESIDUAL_DTYPES or not _may_match(out.shape, graph.value(residual).shape):
             continue
         x, weight, bias = [*conv.inputs, "", ""][:3]
         inputs = [x, weight, bias, residual]
