@@ -211,7 +211,8 @@ def conv_torch(node: Node, opset: int) -> Fn:
         win, group = conv_window(node, x, w)
         if wants_channels_last(x):
             x = x.contiguous(memory_format=torch.channels_last)
-            if activation == "Relu" and group == 1 and x.is_cuda and all(a == b for a, b in win.widths()):
+            symmetric = all(begin == end for begin, end in win.widths())
+            if activation == "Relu" and group == 1 and x.is_cuda and symmetric:
                 return _cudnn_conv_relu(x, w, b, z, win, group)
         return activate_in_place(_summed(conv_with_torch(x, w, b, win, group), z), activation, params)
 
