@@ -9,9 +9,9 @@ convolutions (ResNet's ReLUs, MobileNetV3's HardSwish and ReLU).
 On the GPU a residual block's last Conv, the Add of the block's input and the Relu after it become one FusedConv
 with onnxruntime's fourth input Z, `Y = Relu(Conv(X, W, B) + Z)`: cuDNN computes it in one kernel (channels-last,
 `ops.conv`), where the Conv, its bias, the Add and the Relu took three passes over the block's output. (On the CPU
-the convolution regions sum residuals into oneDNN's convolutions themselves. In float32, where the GPU path
-convolves NCHW, the Add + Relu stays one fused elementwise kernel: as FusedConv's in-place add and Relu it is two
-passes, and ResNet-50 fp32 B64 went from 9.39 to 10.1 ms on an H200.)
+the convolution regions sum residuals into oneDNN's convolutions themselves. Only in the dtypes the GPU path
+convolves channels-last: elsewhere FusedConv's in-place add and Relu are two passes where the fused elementwise
+kernel is one, as ResNet-50 fp32 B64 showed while float32 convolved NCHW: 9.39 -> 10.1 ms on an H200.)
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from . import PassContext
 
 SIMPLE = {"Relu", "Sigmoid", "Tanh", "HardSwish"}
-RESIDUAL_DTYPES = ("float16", "bfloat16")  # where the GPU path has cuDNN's fused form (channels-last, `ops.conv`)
+RESIDUAL_DTYPES = ("float16", "bfloat16", "float32")  # the GPU path's channels-last dtypes (cuDNN's fused form)
 
 
 def _activation(graph: Graph, node: Node) -> tuple[str, list[float]] | None:
