@@ -33,9 +33,9 @@ def packed_calls(monkeypatch) -> list:
     calls: list = []
     run = linalg.PackedLinear._run
 
-    def counted(x, packed, bias):
+    def counted(x, packed, bias, pad=True):
         calls.append(x.shape[0])
-        return run(x, packed, bias)
+        return run(x, packed, bias, pad)
 
     monkeypatch.setattr(linalg.PackedLinear, "_run", staticmethod(counted))
     return calls
@@ -148,9 +148,9 @@ def test_a_policy_that_picks_the_matmul_kernel_keeps_it(packed_calls, rng, polic
 
 def test_many_row_counts_keep_memory_bounded() -> None:
     """oneDNN keeps a primitive (and its memory) per distinct row count: 300 row counts through a 768 x 3072 weight
-    grow resident memory by less than 48 MB after the 40th (rows padded to multiples of 16, more than 512 on NumPy:
-    at most 32 row counts, 20 of them here; unpadded, one oneDNN primitive per row count grew it ~1-2 MB each at
-    100-200 rows)."""
+    grow resident memory by less than 48 MB after the 40th (the first 4 row counts as they are, then rows padded to
+    multiples of 16, more than 512 on NumPy: at most 4 + 32 row counts, 20 padded ones here; all unpadded, one
+    oneDNN primitive per row count grew it ~1-2 MB each at 100-200 rows). The first row counts run unpadded."""
     pytest.importorskip("torch")
     code = """
         import resource
@@ -168,7 +168,7 @@ def test_many_row_counts_keep_memory_bounded() -> None:
         session = InferenceSession(model.SerializeToString())
         calls = []
         run = linalg.PackedLinear._run
-        linalg.PackedLinear._run = staticmethod(lambda x, p, b: calls.append(1) or run(x, p, b))
+        linalg.PackedLinear._run = staticmethod(lambda x, p, b, pad: calls.append((len(x), pad)) or run(x, p, b, pad))
         for m in range(17, 317):
             x = rng.standard_normal((m, 768)).astype(np.float32)
             for _ in range(2):
@@ -177,8 +177,10 @@ def test_many_row_counts_keep_memory_bounded() -> None:
                 early = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         late = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         print("packed_calls", len(calls), "growth_mb", (late - early) // 1024)
+        print("unpadded", sorted({m for m, pad in calls if not pad}))
     """
     result = run_limited(code, 4 * GIB, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     words = result.stdout.split()
     assert int(words[1]) >= 200 and int(words[3]) < 48, result.stdout
+    assert result.stdout.splitlines()[1] == "unpadded [17, 18, 19, 20]", result.stdout

@@ -7,11 +7,12 @@ so that a call does not pack it again as NumPy's OpenBLAS does on every call, a 
 the rows: at GPT-2's batch 1 (128 rows) ~15-20% of the GEMM, at ViT-B/16's batch 1 (197 rows) ~7% (one core: 768 x
 3072 weights, 93-99 GFLOP/s through NumPy and 102-107 packed from 208 to 768 rows; the model 1.044x faster with 512
 than with 128 rows at most in an in-process A/B, within this machine's run-to-run noise in the bench). oneDNN keeps a
-primitive, with memory of its own (~0.6 MiB for a 768 x 3072 weight), for every distinct row count it sees, so the
-rows are padded to a multiple of `ROW_STEP`: at most MAX_ROWS / ROW_STEP row counts per weight shape, whatever the
-input signatures. More rows run on NumPy (the packing is spread over them; in 128-row chunks through oneDNN GPT-2 at
-batch 8 was no faster), as does everything without PyTorch (or with `ONEDNN_GEMM` off). The packed weights are a
-second copy of those weights.
+primitive, with memory of its own (~0.6 MiB for a 768 x 3072 weight), for every distinct row count it sees, so
+after the first EXACT_ROW_COUNTS row counts a node runs as they are (the few signatures a model usually serves:
+ViT-B/16's 197 rows padded to 208 cost 4-6% of each GEMM), the rows are padded to a multiple of `ROW_STEP`: at most
+EXACT_ROW_COUNTS + MAX_ROWS / ROW_STEP row counts per weight shape, whatever the input signatures. More rows run
+on NumPy (the packing is spread over them; in 128-row chunks through oneDNN GPT-2 at batch 8 was no faster), as
+does everything without PyTorch (or with `ONEDNN_GEMM` off). The packed weights are a second copy of those weights.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from ...graph.ir import Node
 from .record import Fn, Lowered, host_tensor, ints, is_float, itemsize, op, torch
 
 ONEDNN_GEMM = importlib.util.find_spec("torch") is not None  # the CPU path's packed GEMM (tests turn it off)
-ROW_STEP = 16  # rows are padded up to a multiple of this (a bounded set of row counts for oneDNN)
+ROW_STEP = 16  # rows are padded up to a multiple of this (a bounded set of row counts for oneDNN)...
+EXACT_ROW_COUNTS = 4  # ...but for the first few row counts a node sees
 MIN_ROWS = 16  # fewer rows: NumPy (a matrix-vector-like product, where the weight's packing is no saving)
 MAX_ROWS = 512  # more rows: NumPy (OpenBLAS's packing of the weight is spread over them)
 MIN_WEIGHT = 512 * 512  # a weight of fewer elements: NumPy (oneDNN's per-call cost outweighs the packing: the built-in
@@ -64,6 +66,7 @@ class PackedLinear:
         self.seen: Any = None  # a weak reference to the last weight given
         self.packed: Any = None  # oneDNN's copy of that weight, once it has come twice
         self.failed = False
+        self.exact: set[int] = set()  # the row counts this node runs unpadded (EXACT_ROW_COUNTS at most)
 
     def weight(self, b: np.ndarray) -> Any:
         """oneDNN's copy of `b`, or None while it is new (or where packing failed)."""
@@ -87,15 +90,18 @@ class PackedLinear:
         if packed is None:
             return None
         try:
-            return self._run(x, packed, bias)
+            m = x.shape[0]
+            if m not in self.exact and len(self.exact) < EXACT_ROW_COUNTS:
+                self.exact.add(m)
+            return self._run(x, packed, bias, pad=m not in self.exact)
         except Exception:  # a PyTorch without oneDNN's linear, or one that refuses these arguments: NumPy
             self.failed, self.packed = True, None
             return None
 
     @staticmethod
-    def _run(x: np.ndarray, packed: Any, bias: np.ndarray | None) -> np.ndarray:
+    def _run(x: np.ndarray, packed: Any, bias: np.ndarray | None, pad: bool = True) -> np.ndarray:
         m, k = x.shape
-        if m % ROW_STEP:  # padded with zero rows: oneDNN sees a row count of the bounded set
+        if pad and m % ROW_STEP:  # padded with zero rows: oneDNN sees a row count of the bounded set
             padded = np.zeros((-(-m // ROW_STEP) * ROW_STEP, k), np.float32)
             padded[:m] = x
             x = padded
