@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The ONNX model zoo on the H100, from the repository root, one part per call (each well under 10 minutes):
-#   bash benchmarks/onnx_zoo_h100.sh tests     # GPU tests: zoo fp32 vs onnxruntime (1e-3), fp16 fused, IOBinding
+#   bash benchmarks/onnx_zoo_h100.sh tests     # GPU tests: zoo fp32 vs onnxruntime (1e-3), fp16 fused, IOBinding,
+#                                              # channels-last convolutions with the residual FusedConv
 #   bash benchmarks/onnx_zoo_h100.sh bert      # bench rows: BERT-base fp16/fp32 B1 S128, B32 S128, B8 S512
 #   bash benchmarks/onnx_zoo_h100.sh gpt2      # GPT-2 B1 S128, B8 S512 (then: llama, resnet50, mobilenet_v3, vit_b16)
 #   bash benchmarks/onnx_zoo_h100.sh session   # first session's creation and a new signature's planning vs onnxruntime
@@ -18,7 +19,8 @@ python3 -c "import torch, transformers, onnxruntime; print('torch', torch.__vers
 python3 -c "import onnxscript; print('onnxscript', onnxscript.__version__)" || echo "no onnxscript: TorchScript exports"
 if [ "$PART" = tests ]; then
     timeout 550 python3 -m pytest -q -p no:cacheprovider -rs -m gpu tests/onnx/test_onnx_zoo.py \
-        tests/onnx/test_onnx_runtime_contract.py tests/onnx/test_inference_gpu.py 2>&1 | tee "$OUT/gpu_tests.txt" | tail -30
+        tests/onnx/test_onnx_conv_pool.py tests/onnx/test_onnx_runtime_contract.py tests/onnx/test_inference_gpu.py \
+        2>&1 | tee "$OUT/gpu_tests.txt" | tail -30
 else
     case "$PART" in
         cpu|session) ONLY="zoo $PART" ;;  # CPU rows beside onnxruntime at 1 thread; session creation cost

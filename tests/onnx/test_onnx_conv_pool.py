@@ -288,6 +288,43 @@ def test_residual_add_and_relu_fuse_into_the_convolution_for_the_gpu(rng, channe
             same(session.run(None, inputs), onnxruntime(case, inputs), atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_residual_block_on_cuda_runs_channels_last_and_fused(rng, dtype) -> None:
+    """On CUDA the residual block's convolutions run channels-last, its Conv + Add + Relu as one FusedConv with Z
+    (cuDNN's conv + bias + add + Relu), in a captured CUDA graph, against onnxruntime in float32 on the same
+    (fp16-rounded, for fp16) weights and inputs (cuDNN's TF32 and fp16: 1e-2 and 3e-2)."""
+    pytest.importorskip("torch")
+    from xpuruntime.onnx import InferenceSession, SessionOptions
+
+    reference_model, model = _in_dtype(_residual_block(rng), dtype)
+    session = InferenceSession(model.SerializeToString(), SessionOptions(enable_cuda_graph=True), device="cuda")
+    assert len([n for n in session.graph.nodes if n.op == "FusedConv" and len(n.inputs) == 4]) == 1
+    tol = 1e-2 if dtype == "float32" else 3e-2
+    for batch in (2, 5, 2):
+        x = randn(rng, batch, 8, 9, 11).astype(dtype)
+        (got,) = session.run(None, {"x": x})
+        same([got.astype(np.float32)], onnxruntime(reference_model, {"x": x.astype(np.float32)}), atol=tol, rtol=tol)
+    assert {entry.note for entry in session.runner.cache.values()} == {"CUDA graph captured"}
+
+
+def _in_dtype(model, dtype: str) -> tuple:
+    """(a float32 model with the weights rounded to `dtype`, the model in `dtype`: initializers, input, output)."""
+    import onnx
+    from onnx import numpy_helper
+
+    rounded, typed = onnx.ModelProto(), onnx.ModelProto()
+    rounded.CopyFrom(model)
+    typed.CopyFrom(model)
+    for i, init in enumerate(model.graph.initializer):
+        values = numpy_helper.to_array(init).astype(dtype)
+        rounded.graph.initializer[i].CopyFrom(numpy_helper.from_array(values.astype(np.float32), init.name))
+        typed.graph.initializer[i].CopyFrom(numpy_helper.from_array(values, init.name))
+    for value in (*typed.graph.input, *typed.graph.output):
+        value.type.tensor_type.elem_type = onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    return rounded, typed
+
+
 def _fused_elementwise_on_tensors(torch):
     """A registry whose one kernel is the CPU's fused_elementwise on CPU tensors (a backend allocating tensors;
     the NumPy kernel computes on NumPy views of them), as the GPU path's Triton kernel runs on CUDA tensors: a
