@@ -1,5 +1,5 @@
 """MatMul and Gemm on the CPU by a constant fp32 weight: oneDNN with the weight packed once (linalg.PackedLinear)
-where PyTorch is installed, for 16 to linalg.MAX_ROWS (512) rows, NumPy otherwise; both match a float64 product at
+where PyTorch is installed, for 2 to linalg.MAX_ROWS (512) rows, NumPy otherwise; both match a float64 product at
 any row count (padded rows, broadcast batch dims, transB, bias shapes), the cases the packed path declines run on
 NumPy, a weight that can change between runs is never taken for a constant, and memory stays bounded across many
 row counts."""
@@ -52,8 +52,12 @@ def _close(got: np.ndarray, want: np.ndarray, k: int) -> None:
     np.testing.assert_allclose(got, want, rtol=0, atol=scale * 2e-6 * np.sqrt(k) + 1e-6)
 
 
-@pytest.mark.parametrize("shape", [(16,), (17,), (128,), (130,), (300,), (2, 3, 45), (4, 64), (600,)])
-def test_matmul_by_a_constant_weight_matches_float64(path, packed_calls, rng, shape) -> None:
+@pytest.mark.parametrize("padded", [False, True], ids=["exact rows", "padded rows"])
+@pytest.mark.parametrize("shape", [(1,), (2,), (5,), (16,), (17,), (128,), (130,), (300,), (2, 3, 45), (4, 64), (600,)])
+def test_matmul_by_a_constant_weight_matches_float64(path, packed_calls, rng, monkeypatch, shape, padded) -> None:
+    """Padded rows (to 2, 4, 8, then multiples of 16) once a node has run EXACT_ROW_COUNTS row counts unpadded."""
+    if padded:
+        monkeypatch.setattr(linalg, "EXACT_ROW_COUNTS", 0)
     w = randn(rng, K, N) / 8
     x = randn(rng, *shape, K)
     model = make([helper.make_node("MatMul", ["x", "w"], ["y"])], [vi("x", [None] * (len(shape) + 1))],
@@ -97,7 +101,7 @@ def test_what_the_packed_path_declines_runs_on_numpy(packed_calls, rng, case) ->
     pytest.importorskip("torch")
     dtype = np.float64 if case == "float64" else np.float32
     k, n = (8, 8) if case == "small weight" else (K, N)
-    rows = 4 if case == "few rows" else 40
+    rows = 1 if case == "few rows" else 40  # one row: a matrix-vector product, NumPy's
     attrs = {"alpha": {"alpha": 0.5}, "beta": {"beta": 0.5}, "transA": {"transA": 1}}.get(case, {})
     a = randn(rng, *((k, rows) if case == "transA" else (rows, k)), dtype=dtype)
     w = randn(rng, k, n, dtype=dtype) / 8

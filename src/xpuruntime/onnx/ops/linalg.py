@@ -1,6 +1,6 @@
 """Matrix ONNX ops: MatMul (through the selector's matmul kernels), Gemm, Einsum, Trilu, Det.
 
-On the CPU, an fp32 MatMul or Gemm by a constant 2-D weight (a read-only array: the model's initializers) of 16 to
+On the CPU, an fp32 MatMul or Gemm by a constant 2-D weight (a read-only array: the model's initializers) of 2 to
 512 rows runs through oneDNN's inner product where PyTorch is installed (`PackedLinear`): the weight is reordered
 once per node into oneDNN's blocked layout (`torch.ops.mkldnn._reorder_linear_weight`, as inductor's CPU code does),
 so that a call does not pack it again as NumPy's OpenBLAS does on every call, a cost that grows with K * N, not with
@@ -9,8 +9,9 @@ the rows: at GPT-2's batch 1 (128 rows) ~15-20% of the GEMM, at ViT-B/16's batch
 than with 128 rows at most in an in-process A/B, within this machine's run-to-run noise in the bench). oneDNN keeps a
 primitive, with memory of its own (~0.6 MiB for a 768 x 3072 weight), for every distinct row count it sees, so
 after the first EXACT_ROW_COUNTS row counts a node runs as they are (the few signatures a model usually serves:
-ViT-B/16's 197 rows padded to 208 cost 4-6% of each GEMM), the rows are padded to a multiple of `ROW_STEP`: at most
-EXACT_ROW_COUNTS + MAX_ROWS / ROW_STEP row counts per weight shape, whatever the input signatures. More rows run
+ViT-B/16's 197 rows padded to 208 cost 4-6% of each GEMM), the rows are padded to a multiple of `ROW_STEP` (fewer to
+a power of two): at most EXACT_ROW_COUNTS + 3 + MAX_ROWS / ROW_STEP row counts per weight shape, whatever the input
+signatures. More rows run
 on NumPy (the packing is spread over them; in 128-row chunks through oneDNN GPT-2 at batch 8 was no faster), as
 does everything without PyTorch (or with `ONEDNN_GEMM` off). The packed weights are a second copy of those weights.
 """
@@ -30,7 +31,8 @@ from .record import Fn, Lowered, host_tensor, ints, is_float, itemsize, op, torc
 ONEDNN_GEMM = importlib.util.find_spec("torch") is not None  # the CPU path's packed GEMM (tests turn it off)
 ROW_STEP = 16  # rows are padded up to a multiple of this (a bounded set of row counts for oneDNN)...
 EXACT_ROW_COUNTS = 4  # ...but for the first few row counts a node sees
-MIN_ROWS = 16  # fewer rows: NumPy (a matrix-vector-like product, where the weight's packing is no saving)
+MIN_ROWS = 2  # fewer rows (a matrix-vector product): NumPy, whose GEMV packs nothing; from 2 rows up oneDNN's packed
+# weight wins (one core, 960 x 1280 at 2 / 4 / 8 rows: 91 / 119 / 245 us against NumPy's 290 / 305 / 430)
 MAX_ROWS = 512  # more rows: NumPy (OpenBLAS's packing of the weight is spread over them)
 MIN_WEIGHT = 512 * 512  # a weight of fewer elements: NumPy (oneDNN's per-call cost outweighs the packing: the built-in
 # encoder's 128 x 512 FFN weights at 64 rows ran 23% slower packed; the zoo's weights are 768 x 768 and up)
@@ -102,7 +104,8 @@ class PackedLinear:
     def _run(x: np.ndarray, packed: Any, bias: np.ndarray | None, pad: bool = True) -> np.ndarray:
         m, k = x.shape
         if pad and m % ROW_STEP:  # padded with zero rows: oneDNN sees a row count of the bounded set
-            padded = np.zeros((-(-m // ROW_STEP) * ROW_STEP, k), np.float32)
+            rows = 1 << (m - 1).bit_length() if m < ROW_STEP else -(-m // ROW_STEP) * ROW_STEP  # 2, 4, 8, 16, 32, ...
+            padded = np.zeros((rows, k), np.float32)
             padded[:m] = x
             x = padded
         tb = None if bias is None else host_tensor(bias)
