@@ -11,9 +11,9 @@ primitive, with memory of its own (~0.6 MiB for a 768 x 3072 weight), for every 
 after the first EXACT_ROW_COUNTS row counts a node runs as they are (the few signatures a model usually serves:
 ViT-B/16's 197 rows padded to 208 cost 4-6% of each GEMM), the rows are padded to a multiple of `ROW_STEP` (fewer to
 a power of two): at most EXACT_ROW_COUNTS + 3 + MAX_ROWS / ROW_STEP row counts per weight shape, whatever the input
-signatures. More rows run
-on NumPy (the packing is spread over them; in 128-row chunks through oneDNN GPT-2 at batch 8 was no faster), as
-does everything without PyTorch (or with `ONEDNN_GEMM` off). The packed weights are a second copy of those weights.
+signatures. More rows run on NumPy (the packing is spread over them; in 128-row chunks through oneDNN GPT-2 at batch
+8 was no faster), as does everything without PyTorch (or with `ONEDNN_GEMM` off). The packed weights are a second
+copy of those weights.
 """
 
 from __future__ import annotations
