@@ -158,8 +158,10 @@ def conv(node: Node, opset: int) -> Fn:
     def run(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None, z: np.ndarray | None = None) -> np.ndarray:
         win, group = conv_window(node, x, w)
         if CPU_TORCH and _torch_conv(len(win.out)) is not None:
-            convolve = lambda *t: activate_in_place(_summed(conv_with_torch(*t[:3], win, group), *t[3:]),  # noqa: E731
-                                                    activation, params)  # fmt: skip
+
+            def convolve(xt: Any, wt: Any, bt: Any, zt: Any) -> Any:
+                return activate_in_place(_summed(conv_with_torch(xt, wt, bt, win, group), zt), activation, params)
+
             return on_cpu_torch(convolve, x, w, b, z)
         y = conv_im2col(x.astype(np.float32) if x.dtype == np.float16 else x, w.astype(x.dtype), b, win, group)
         return _activate_numpy(_summed(y, z), activation, params).astype(x.dtype, copy=False)
@@ -174,10 +176,10 @@ def wants_channels_last(t: Any) -> bool:
     NHWC: given NCHW tensors it transposes the input, the weight and the output around every call (inductor makes
     convolutional graphs channels-last for this reason). On an H200, zoo ResNet-50 against
     torch.compile(mode="reduce-overhead"): fp16 B64 0.56x NCHW -> 1.04x, fp32 B64 0.64x -> 1.13x (with the fused
-    Relu and residual forms below). So the
-    convolution's input is made channels-last (once: the output of a channels-last convolution is channels-last,
-    and elementwise kernel steps keep the layout, see `lowering.in_channels_last`) and its constant weight is
-    moved to the device in that layout (`OpRecord.channels_last_inputs`)."""
+    Relu and residual forms below). So the convolution's input is made channels-last (once: the output of a
+    channels-last convolution is channels-last, and elementwise kernel steps keep the layout, see
+    `lowering.in_channels_last`) and its constant weight is moved to the device in that layout
+    (`OpRecord.channels_last_inputs`)."""
     return (
         t.ndim == 4
         and t.device.type in CHANNELS_LAST_DEVICES
@@ -190,7 +192,10 @@ def _summed(y: Any, z: Any = None) -> Any:
     has the output's shape (else by ONNX's broadcasting: the pass fuses shapes that are equal only at run time)."""
     if z is None:
         return y
-    return y.__iadd__(z) if tuple(z.shape) == tuple(y.shape) else y + z
+    if tuple(z.shape) != tuple(y.shape):
+        return y + z
+    y += z
+    return y
 
 
 def _cudnn_conv_relu(x: Any, w: Any, b: Any, z: Any, win: Window, group: int) -> Any:
