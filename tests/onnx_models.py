@@ -49,6 +49,35 @@ def onnxruntime(model: onnx.ModelProto, feed: dict) -> list[np.ndarray]:
     return sess.run(None, feed)
 
 
+def cpu_kernels_on_tensors(*kernels: str):
+    """A registry whose kernels are the CPU kernels named "op/name" on CPU tensors (a backend allocating tensors; the
+    NumPy kernels compute on NumPy views of them), as the GPU path's Triton kernels run on CUDA tensors: kernel
+    steps the GPU planner makes on the CPU."""
+    import dataclasses
+
+    import torch
+
+    from xpuruntime.abi import ArgPack
+    from xpuruntime.registry import Backend, Registry, default_registry
+
+    registry, default = Registry(), default_registry()
+    for schema in default.ops.values():
+        registry.register_op(schema)
+    registry.register_backend(Backend("tensors", "cpu", lambda shape, dtype, device, stream=None: torch.empty(
+        tuple(shape), dtype=getattr(torch, str(dtype)))))  # fmt: skip
+    numpy = lambda t: t.numpy() if isinstance(t, torch.Tensor) else t  # noqa: E731
+    for qualified in kernels:
+        cpu = default.kernel(*qualified.split("/"))
+
+        def launch(args: ArgPack, cpu=cpu) -> None:
+            arrays = tuple(map(numpy, args.inputs))
+            cpu.launch(ArgPack(arrays, numpy(args.out), args.attrs, args.config, numpy(args.workspace), args.stream))
+
+        registry.register_kernel(dataclasses.replace(cpu, name=f"{cpu.name}_on_tensors", backend="tensors",
+                                                     launch=launch))  # fmt: skip
+    return registry
+
+
 def torch_path_builder():
     """build(model, level="all") -> a session whose runs go through the GPU path's PyTorch op map with CPU
     tensors (the GPU planner, no kernels of ours): the GPU path's semantics, testable without a GPU."""

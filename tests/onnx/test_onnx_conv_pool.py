@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper
-from onnx_models import make, onnxruntime, ours, randn, reference, same, torch_run, vi
+from onnx_models import cpu_kernels_on_tensors, make, onnxruntime, ours, randn, reference, same, torch_run, vi
 from strategies import seeds
 
 from xpuruntime.onnx import NodeExecutionError
@@ -246,7 +246,7 @@ def test_gpu_path_keeps_images_channels_last(rng, channels_last_on_the_cpu) -> N
 
     model = _residual_block(rng)
     session = InferenceSession(model.SerializeToString(), runner=gpu_runner_factory("cpu"),
-                               dispatcher=Dispatcher(_fused_elementwise_on_tensors(torch)))  # fmt: skip
+                               dispatcher=Dispatcher(cpu_kernels_on_tensors("fused_elementwise/numpy_codegen")))  # fmt: skip
     for batch in (2, 3):
         feed = {"x": randn(rng, batch, 8, 9, 11)}
         same(session.run(None, feed), onnxruntime(model, feed), atol=1e-4, rtol=1e-4)
@@ -323,28 +323,3 @@ def _in_dtype(model, dtype: str) -> tuple:
     for value in (*typed.graph.input, *typed.graph.output):
         value.type.tensor_type.elem_type = onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
     return rounded, typed
-
-
-def _fused_elementwise_on_tensors(torch):
-    """A registry whose one kernel is the CPU's fused_elementwise on CPU tensors (a backend allocating tensors;
-    the NumPy kernel computes on NumPy views of them), as the GPU path's Triton kernel runs on CUDA tensors: a
-    kernel step the GPU planner makes on the CPU."""
-    import dataclasses
-
-    from xpuruntime.abi import ArgPack
-    from xpuruntime.registry import Backend, Registry, default_registry
-
-    registry, default = Registry(), default_registry()
-    for schema in default.ops.values():
-        registry.register_op(schema)
-    registry.register_backend(Backend("tensors", "cpu", lambda shape, dtype, device, stream=None: torch.empty(
-        tuple(shape), dtype=getattr(torch, str(dtype)))))  # fmt: skip
-    numpy = lambda t: t.numpy() if isinstance(t, torch.Tensor) else t  # noqa: E731
-    cpu = default.kernel("fused_elementwise", "numpy_codegen")
-
-    def launch(args: ArgPack) -> None:
-        arrays = tuple(map(numpy, args.inputs))
-        cpu.launch(ArgPack(arrays, numpy(args.out), args.attrs, args.config, numpy(args.workspace), args.stream))
-
-    registry.register_kernel(dataclasses.replace(cpu, name="numpy_on_tensors", backend="tensors", launch=launch))
-    return registry

@@ -29,7 +29,7 @@ from ..dispatch import Dispatcher
 from ..errors import UnsupportedByPolicyError, XpuRuntimeError
 from ..graph.ir import Graph, Node
 from .errors import NodeExecutionError, OutputTooLargeError
-from .lowering import XRT_DOMAIN, flattens, from_nhwc, in_channels_last, lower, to_nhwc
+from .lowering import XRT_DOMAIN, buffer_positions, empty_like, flattens, from_nhwc, in_channels_last, lower, to_nhwc
 from .ops import OPS
 from .ops.record import broadcast_size
 
@@ -48,6 +48,7 @@ class Step:
     buffer_slot: int = 0  # where a kernel step finds its reused output buffer (slot 0: None, allocate)
     flat: bool = False  # a kernel step's MatMul runs on (M, K) views (see lowering.flattens)
     nhwc: bool = False  # a kernel step's elementwise op runs on NHWC views (see lowering.in_channels_last)
+    buffers: tuple[tuple[int, int], ...] = ()  # (op input, output slot): an xrt node's further outputs, new each run
     last_out: Any = None  # the array the kernel wrote on the planning run (the buffer's shape and dtype)
     run: Callable[[list], None] = field(default=lambda env: None, repr=False)
 
@@ -332,6 +333,12 @@ class Planner:
         if lowered is not None:
             op, positions, attrs = lowered
             op_args = [None if p is None else args[p] for p in positions]
+            schema = self.dispatcher.registry.op(op)
+            extra = buffer_positions(node, schema.inputs, schema.buffers)
+            if extra:
+                op_args += [None] * (len(schema.inputs) - len(op_args))
+                for position in extra:
+                    op_args[position] = empty_like(op_args[0])
             flat, nhwc = flattens(node, op_args), in_channels_last(node, op_args)
             if flat:
                 op_args[0] = op_args[0].reshape(-1, op_args[0].shape[-1])
@@ -339,9 +346,10 @@ class Planner:
                 op_args = [None if a is None else to_nhwc(a) for a in op_args]
             try:
                 plan = self.dispatcher.plan(op, *op_args, **attrs)
-                arity = len(self.dispatcher.registry.op(op).inputs)
                 kernel_ins = [0 if p is None else ins[p] for p in positions]
-                return _kernel_step(node, kernel_ins, outs, plan, arity, self.dispatcher, flat, nhwc)
+                buffers = tuple(zip(extra, outs[1:]))
+                return _kernel_step(node, kernel_ins, outs, plan, len(schema.inputs), self.dispatcher, flat, nhwc,
+                                    buffers)  # fmt: skip
             except UnsupportedByPolicyError:
                 raise  # strict: the policy's kernel or an error, never a quiet fallback to the op map
             except XpuRuntimeError as exc:
@@ -461,11 +469,12 @@ def _numpy_step(node: Node, ins: tuple, outs: tuple, fn: Callable, note: str, wr
 
 def _kernel_step(
     node: Node, ins: list[int], outs: tuple, plan: Any, arity: int, dispatcher: Dispatcher, flat: bool = False,
-    nhwc: bool = False,
+    nhwc: bool = False, buffers: tuple[tuple[int, int], ...] = (),
 ) -> Step:  # fmt: skip
     """A launch of the planned kernel; with `flat`, a MatMul's (..., K) input is viewed as (M, K) and the
-    (M, N) result as (..., N); with `nhwc`, the inputs as NHWC and the NHWC result as NCHW."""
-    step = Step(node, "kernel", tuple(ins), outs, plan=plan, flat=flat, nhwc=nhwc)
+    (M, N) result as (..., N); with `nhwc`, the inputs as NHWC and the NHWC result as NCHW; `buffers` pairs the
+    op's buffer inputs with the output slots they fill (new arrays each run)."""
+    step = Step(node, "kernel", tuple(ins), outs, plan=plan, flat=flat, nhwc=nhwc, buffers=buffers)
     padded = (*ins, *(0,) * (arity - len(ins)))  # slot 0 always holds None: optional inputs left out
     (o,) = outs[:1]
     launch, attrs, config = plan.launch, plan.attrs, plan.config
@@ -481,6 +490,8 @@ def _kernel_step(
         if workspace_bytes:
             workspace = lend(workspace_bytes, plan.device, plan.empty, stream)
         inputs = [env[i] for i in padded]
+        for position, slot in buffers:
+            inputs[position] = env[slot] = empty_like(inputs[0])
         if flat:
             a = inputs[0]
             inputs[0] = a.reshape(-1, a.shape[-1])
@@ -505,11 +516,16 @@ def _reference_step(node: Node, ins: tuple, outs: tuple, dispatcher: Dispatcher,
     schema = dispatcher.registry.op(node.op)
     attrs = dict(node.attrs)
     (o,) = outs[:1]
+    buffers = tuple(zip(buffer_positions(node, schema.inputs, schema.buffers), outs[1:]))
 
     def run(env: list) -> None:
         args = [env[i] for i in ins]
         first = next(a for a in args if a is not None)
         dtype = attrs.get("dtype", first.dtype)
+        if buffers:  # the reference writes them (add_layer_norm's h)
+            args += [None] * (len(schema.inputs) - len(args))
+            for position, slot in buffers:
+                args[position] = env[slot] = np.empty_like(np.asarray(first), order="C")
         env[o] = np.asarray(schema.reference(*args, **attrs)).astype(dtype)
 
     step = Step(node, "numpy", ins, outs, note=f"float64 reference; {note}"[:300])
@@ -619,7 +635,7 @@ def _bind_kernel(step: Step, template: list, workspace: np.ndarray) -> Step:
     """A kernel step with a reused buffer has a fixed output; if its inputs are fixed too (and it needs no
     stream or sync), a copy of the step that launches one ArgPack built now."""
     plan = step.plan
-    if not step.buffer_slot:
+    if not step.buffer_slot or step.buffers:  # further outputs are new arrays each run
         return step
     out = template[step.buffer_slot]
     padded = (*step.inputs, *(0,) * (len(plan.schema.inputs) - len(step.inputs)))

@@ -58,6 +58,26 @@ def from_nhwc(a: Any) -> Any:
     return a.permute(0, 3, 1, 2)
 
 
+def buffer_positions(node: Node, inputs: tuple[str, ...], buffers: frozenset[str]) -> tuple[int, ...]:
+    """Where an xrt node's outputs after the first are written: the op's buffer inputs, in the op's order (the
+    node (y, h) = add_layer_norm(x, residual, weight, bias) gets h through the op's `residual_out`). Each is
+    shaped like the op's first input (`empty_like`)."""
+    if node.domain != XRT_DOMAIN or len(node.outputs) < 2:
+        return ()
+    positions = tuple(i for i, name in enumerate(inputs) if name in buffers)
+    if len(positions) < len(node.outputs) - 1:
+        raise ValueError(f"{node.describe()}: {len(node.outputs)} outputs, but op '{node.op}' writes only "
+                         f"{len(positions) + 1}")  # fmt: skip
+    return positions[: len(node.outputs) - 1]
+
+
+def empty_like(a: Any) -> Any:
+    """A new contiguous array (tensor) of `a`'s shape, dtype and device."""
+    if isinstance(a, np.ndarray):
+        return np.empty_like(a, order="C")
+    return torch.empty_like(a, memory_format=torch.contiguous_format)
+
+
 def lower(node: Node, args: list[Any], opset: int) -> Lowered | None:
     """The xrt op call for `node` with these argument arrays, or None (run it with its record's function)."""
     if node.domain == XRT_DOMAIN:

@@ -97,6 +97,15 @@ def sum_reference(x: Any, residual: Any) -> np.ndarray:
     return stored_as(h, np.empty(0, np.result_type(x.dtype, residual.dtype)))
 
 
+def _sum_into(x: Any, residual: Any, residual_out: Any) -> np.ndarray:
+    """sum_reference(x, residual), also stored in `residual_out` where that is a NumPy array (the ONNX
+    session's reference steps read h from it); the reference never reads it."""
+    h = sum_reference(x, residual)
+    if isinstance(residual_out, np.ndarray):
+        residual_out[...] = h
+    return h
+
+
 def _eps_of(x: Any, residual: Any, eps: float | None) -> float:
     """eps as rms_norm_reference would add it for h's dtype (eps=None: that dtype's machine epsilon)."""
     dtype = np.result_type(np.asarray(x).dtype, np.asarray(residual).dtype)
@@ -107,8 +116,8 @@ def add_rms_norm_reference(
     x: Any, residual: Any, weight: Any = None, residual_out: Any = None, eps: float | None = None,
     offset: float = 0.0, casting: str = "torch",
 ) -> np.ndarray:  # fmt: skip
-    """float64 reference of y (h = sum_reference(x, residual); the residual_out buffer is not read)."""
-    h = sum_reference(x, residual)
+    """float64 reference of y (h = sum_reference(x, residual), written into a NumPy residual_out if given)."""
+    h = _sum_into(x, residual, residual_out)
     dtype = np.result_type(np.asarray(x).dtype, np.asarray(residual).dtype)
     like = h.astype(dtype) if casting == "llama" else h  # llama rounds x_hat to h's dtype
     with np.errstate(over="ignore"):
@@ -118,8 +127,8 @@ def add_rms_norm_reference(
 def add_layer_norm_reference(
     x: Any, residual: Any, weight: Any = None, bias: Any = None, residual_out: Any = None, eps: float = 1e-5
 ) -> np.ndarray:
-    """float64 reference of y (h = sum_reference(x, residual); the residual_out buffer is not read)."""
-    h = sum_reference(x, residual)
+    """float64 reference of y (h = sum_reference(x, residual), written into a NumPy residual_out if given)."""
+    h = _sum_into(x, residual, residual_out)
     return layer_norm_reference(h, h.shape[-1:], weight, bias, _eps_of(x, residual, eps))
 
 

@@ -3,8 +3,8 @@
 Each pass is a function `(graph, ctx) -> number of changes` in its own module; it edits the graph in
 place and must never change what the graph computes. Levels (as onnxruntime's): 0 disabled (shape
 inference only), 1 basic (folding, Conv + BatchNorm folding, CSE, cleanups, dead nodes), 2 extended
-(+ pattern fusion into registered ops: GELU, layer norm, RMS norm, attention, linear; Conv + activation into
-FusedConv), 99 all (+ MatMul
+(+ pattern fusion into registered ops: GELU, layer norm, RMS norm, residual add + norm, attention, linear;
+Conv + activation into FusedConv), 99 all (+ MatMul
 packing, elementwise fusion).
 
 The passes know the graph IR, not the format it came from: what they need to know about the ops of that
@@ -23,6 +23,7 @@ import numpy as np
 from ...errors import XpuRuntimeError
 from ..ir import Graph, GraphError, Node, Value
 from . import (
+    add_norm_fusion,
     attention_fusion,
     constant_folding,
     conv_activation_fusion,
@@ -99,6 +100,7 @@ PIPELINE: tuple[tuple[int, str, Pass], ...] = (
     (EXTENDED, "gelu_fusion", gelu_fusion.run),
     (EXTENDED, "layer_norm_fusion", layer_norm_fusion.run),
     (EXTENDED, "rms_norm_fusion", rms_norm_fusion.run),
+    (EXTENDED, "add_norm_fusion", add_norm_fusion.run),
     (EXTENDED, "attention_fusion", attention_fusion.run),
     (EXTENDED, "linear_fusion", linear_fusion.run),
     (EXTENDED, "conv_activation_fusion", conv_activation_fusion.run),

@@ -10,7 +10,9 @@
 becomes out = attention(q, K, v, mask, scale=a*b/c). A Where(keep, 0, -inf) mask becomes the boolean `keep`; one
 with a finite fill (HF's finfo.min) stays an additive mask in the model's dtype, so a row that sees no key still
 averages v as the graph did. With the guard, the fused output gets it instead: a row whose keys are all masked
-(-inf) comes out NaN from the op and 0 from the guard, as from the graph.
+(-inf) comes out NaN from the op and 0 from the guard, as from the graph. Under a finite fill no row is all -inf,
+so the guard is dropped (two kernels a layer on the GPU): it could then only zero the rows that NaN or infinite q,
+k or v turn NaN, which stay NaN.
 
 K comes from K^T: the input of a Transpose that swapped the last two axes (with any permutation before them, a new
 Transpose undoing the rest); the dynamo exporter's Reshape(Transpose(Reshape(k, [-1, S, D]), [0, 2, 1]), [..., D, S]),
@@ -105,6 +107,15 @@ def _mask(graph: Graph, mask: str | None, dtype: str, producers: dict) -> str | 
     return mask if graph.value(mask).dtype == dtype else None
 
 
+def _finite_fill(graph: Graph, mask: str, producers: dict) -> bool:
+    """Whether the additive mask is Where(keep, 0, c) with c a finite constant: no score becomes -inf."""
+    where = producers.get(mask)
+    if where is None or where.op != "Where" or where.domain or graph.value(where.inputs[0]).dtype != "bool":
+        return False
+    fill = scalar(graph, where.inputs[2])
+    return scalar(graph, where.inputs[1]) == 0.0 and fill is not None and math.isfinite(fill)
+
+
 def _swaps_last_two(perm: list[int]) -> bool:
     n = len(perm)
     return n >= 2 and perm == [*range(n - 2), n - 1, n - 2]
@@ -172,6 +183,7 @@ def _match(graph: Graph, softmax: Node, producers: dict, consumers: dict) -> tup
     op_mask = _mask(graph, mask, dtype, producers)
     if op_mask is None:
         return None
+    guarded = guarded and not (op_mask == mask and _finite_fill(graph, mask, producers))
     nodes = [*q_scale, *k_scale, *matched, softmax, *guard, out]
     return q, kt, v, op_mask, a * b * post, guarded, out, nodes
 

@@ -82,7 +82,17 @@ def _xrt_fallback(node: Node) -> Callable:
         return lambda x, w=None, b=None: F.layer_norm(x, tuple(at["normalized_shape"]), w, b, at.get("eps", 1e-5))
     if node.op == "rms_norm":
         return lambda x, w=None: F.rms_norm(x, tuple(at["normalized_shape"]), w, at.get("eps"))
+    if node.op == "add_layer_norm":
+        return lambda x, r, w=None, b=None: _add_then(x, r, lambda h: F.layer_norm(h, h.shape[-1:], w, b, at["eps"]))
+    if node.op == "add_rms_norm":
+        return lambda x, r, w=None: _add_then(x, r, lambda h: F.rms_norm(h, h.shape[-1:], w, at.get("eps")))
     raise UnsupportedModelError(f"{node.describe()}: no GPU fallback for xrt op '{node.op}'")
+
+
+def _add_then(x: Any, residual: Any, norm: Callable[[Any], Any]) -> tuple[Any, Any]:
+    """(norm(h), h) for h = x + residual: an add-norm node's two outputs."""
+    h = x + residual
+    return norm(h), h
 
 
 class GpuPlanner(Planner):
@@ -139,7 +149,12 @@ class GpuPlanner(Planner):
         (o,) = outs[:1]
 
         def run(env: list) -> None:
-            env[o] = fn(*[env[i] for i in ins])
+            result = fn(*[env[i] for i in ins])
+            if isinstance(result, tuple):  # an add-norm's (y, h)
+                for slot, value in zip(outs, result):
+                    env[slot] = value
+            else:
+                env[o] = result
 
         step = Step(node, "torch", ins, outs, fn=fn, note=f"PyTorch fallback; {note}"[:300])
         step.run = run
