@@ -12,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 ort = pytest.importorskip("onnxruntime")
 
-from onnx_models import no_host_reads, torch_path_builder  # noqa: E402
+from onnx_models import cpu_kernels_on_tensors, no_host_reads, torch_path_builder  # noqa: E402
 from onnx_zoo import OPSETS, built, exported, feed, session, signatures  # noqa: E402
 
 from xpuruntime.bench.zoo_models import EXPORTERS, ZOO, max_abs_error  # noqa: E402
@@ -160,6 +160,30 @@ def test_gpu_graphs_of_the_text_zoo_match_onnxruntime_with_add_norms_and_no_guar
         inputs = feed(name, batch, side)
         (want,), (got,) = reference.run(None, inputs), ours.run(None, inputs)
         assert max_abs_error(got, want) <= 1e-4, (batch, side, max_abs_error(got, want))
+
+
+@pytest.mark.parametrize("name", ["bert", "gpt2", "llama"])
+def test_gpu_path_stores_attention_outputs_in_the_order_their_transpose_reads(name: str) -> None:
+    """On the GPU path (CPU kernels on CPU tensors here) each fused attention's output is stored (B, L, H, D): the
+    exporter's Transpose back is then a contiguous view and the Reshape to (B, L, H*D) a view too, not a copy.
+    Outputs match onnxruntime at both signatures."""
+    import onnx
+
+    from xpuruntime.dispatch import Dispatcher
+    from xpuruntime.onnx import InferenceSession
+    from xpuruntime.onnx.runners import gpu_runner_factory
+
+    data = exported(name, "dynamo", 18)
+    dispatcher = Dispatcher(cpu_kernels_on_tensors("attention/math"))
+    ours = InferenceSession(onnx.load_from_string(data).SerializeToString(), runner=gpu_runner_factory("cpu"),
+                            dispatcher=dispatcher)  # fmt: skip
+    reference = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    for batch, side in signatures(name):
+        inputs = feed(name, batch, side)
+        (want,), (got,) = reference.run(None, inputs), ours.run(None, inputs)
+        assert max_abs_error(got, want) <= 1e-4, (batch, side, max_abs_error(got, want))
+        attention = [s for s in ours.runner.last_plan().steps if s.node.op == "attention"]
+        assert len(attention) == 2 and all(s.kind == "kernel" and s.stored == (0, 2, 1, 3) for s in attention)
 
 
 @pytest.mark.parametrize("name", ["bert", "gpt2", "llama"])

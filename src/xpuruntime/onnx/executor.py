@@ -29,7 +29,17 @@ from ..dispatch import Dispatcher
 from ..errors import UnsupportedByPolicyError, XpuRuntimeError
 from ..graph.ir import Graph, Node
 from .errors import NodeExecutionError, OutputTooLargeError
-from .lowering import XRT_DOMAIN, buffer_positions, empty_like, flattens, from_nhwc, in_channels_last, lower, to_nhwc
+from .lowering import (
+    XRT_DOMAIN,
+    buffer_positions,
+    empty_like,
+    flattens,
+    from_nhwc,
+    in_channels_last,
+    lower,
+    stored_order,
+    to_nhwc,
+)
 from .ops import OPS
 from .ops.record import broadcast_size
 
@@ -49,6 +59,7 @@ class Step:
     flat: bool = False  # a kernel step's MatMul runs on (M, K) views (see lowering.flattens)
     nhwc: bool = False  # a kernel step's elementwise op runs on NHWC views (see lowering.in_channels_last)
     buffers: tuple[tuple[int, int], ...] = ()  # (op input, output slot): an xrt node's further outputs, new each run
+    stored: tuple[int, ...] | None = None  # the kernel's output is stored in this order (lowering.stored_order)
     last_out: Any = None  # the array the kernel wrote on the planning run (the buffer's shape and dtype)
     run: Callable[[list], None] = field(default=lambda env: None, repr=False)
 
@@ -178,6 +189,7 @@ class Planner:
     planner overrides the hooks marked below for device tensors)."""
 
     step_kind = "numpy"  # hook: how explain() labels non-kernel steps
+    transposed_outputs = False  # hook: kernel outputs may be stored in their reader's order (lowering.stored_order)
     wrap: Callable = staticmethod(np.asarray)  # hook: what a non-kernel step's result is turned into
 
     def function(self, node: Node) -> Callable:
@@ -234,6 +246,7 @@ class Planner:
         steps: list[Step] = []
         folded = 0
         varying: set[int] = set()  # slots whose shape can differ between runs of this signature
+        self._readers = graph.consumers() if self.transposed_outputs else {}
         for node in graph.nodes:
             ins = tuple(slot(n) for n in node.inputs)
             outs = tuple(output_slot(n) for n in node.outputs)
@@ -348,8 +361,10 @@ class Planner:
                 plan = self.dispatcher.plan(op, *op_args, **attrs)
                 kernel_ins = [0 if p is None else ins[p] for p in positions]
                 buffers = tuple(zip(extra, outs[1:]))
+                readers = self._readers.get(node.outputs[0], [])
+                stored = stored_order(node, readers, self.graph.output_names()) if self.transposed_outputs else None
                 return _kernel_step(node, kernel_ins, outs, plan, len(schema.inputs), self.dispatcher, flat, nhwc,
-                                    buffers)  # fmt: skip
+                                    buffers, stored)  # fmt: skip
             except UnsupportedByPolicyError:
                 raise  # strict: the policy's kernel or an error, never a quiet fallback to the op map
             except XpuRuntimeError as exc:
@@ -469,16 +484,19 @@ def _numpy_step(node: Node, ins: tuple, outs: tuple, fn: Callable, note: str, wr
 
 def _kernel_step(
     node: Node, ins: list[int], outs: tuple, plan: Any, arity: int, dispatcher: Dispatcher, flat: bool = False,
-    nhwc: bool = False, buffers: tuple[tuple[int, int], ...] = (),
+    nhwc: bool = False, buffers: tuple[tuple[int, int], ...] = (), stored: tuple[int, ...] | None = None,
 ) -> Step:  # fmt: skip
     """A launch of the planned kernel; with `flat`, a MatMul's (..., K) input is viewed as (M, K) and the
     (M, N) result as (..., N); with `nhwc`, the inputs as NHWC and the NHWC result as NCHW; `buffers` pairs the
-    op's buffer inputs with the output slots they fill (new arrays each run)."""
-    step = Step(node, "kernel", tuple(ins), outs, plan=plan, flat=flat, nhwc=nhwc, buffers=buffers)
+    op's buffer inputs with the output slots they fill (new arrays each run); with `stored`, the output is a
+    view of a new array in that order."""
+    step = Step(node, "kernel", tuple(ins), outs, plan=plan, flat=flat, nhwc=nhwc, buffers=buffers, stored=stored)
     padded = (*ins, *(0,) * (arity - len(ins)))  # slot 0 always holds None: optional inputs left out
     (o,) = outs[:1]
     launch, attrs, config = plan.launch, plan.attrs, plan.config
     allocate, finish, current_stream = plan.allocate, plan.finish, plan.current_stream
+    if stored is not None:
+        allocate = _stored_allocator(plan, stored)
     workspace_bytes, lend = plan.workspace_bytes, dispatcher.workspaces.lend
 
     def run(env: list) -> None:
@@ -509,6 +527,18 @@ def _kernel_step(
 
     step.run = run
     return step
+
+
+def _stored_allocator(plan: Any, order: tuple[int, ...]) -> Callable[[Any], Any]:
+    """(stream) -> the kernel's output as a view of a new array whose dims are stored in `order`."""
+    shape, dtype, device = plan.allocate.args
+    stored = tuple(shape[i] for i in order)
+    back = tuple(order.index(i) for i in range(len(order)))
+
+    def allocate(stream: Any) -> Any:
+        return plan.empty(stored, dtype, device, stream).permute(*back)
+
+    return allocate
 
 
 def _reference_step(node: Node, ins: tuple, outs: tuple, dispatcher: Dispatcher, note: str) -> Step:

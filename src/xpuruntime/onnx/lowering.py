@@ -71,6 +71,21 @@ def buffer_positions(node: Node, inputs: tuple[str, ...], buffers: frozenset[str
     return positions[: len(node.outputs) - 1]
 
 
+STORED_TRANSPOSED_OPS = ("attention",)  # xrt ops whose kernels write through out's strides (or copy into out)
+
+
+def stored_order(node: Node, readers: list[Node], graph_outputs: set[str]) -> tuple[int, ...] | None:
+    """The order to store a kernel's output in, when its one reader is a Transpose (attention's (B, H, L, D)
+    output transposed to (B, L, H, D) and reshaped to (B, L, H*D) for the projection): stored so, the Transpose
+    is a contiguous view and the Reshape after it costs nothing, where it was a copy. None: store it as it is."""
+    if node.domain != XRT_DOMAIN or node.op not in STORED_TRANSPOSED_OPS or node.outputs[0] in graph_outputs:
+        return None
+    if len(readers) != 1 or readers[0].op != "Transpose" or readers[0].domain:
+        return None
+    perm = tuple(readers[0].attrs.get("perm") or ())
+    return perm if sorted(perm) == list(range(len(perm))) and perm != tuple(range(len(perm))) else None
+
+
 def empty_like(a: Any) -> Any:
     """A new contiguous array (tensor) of `a`'s shape, dtype and device."""
     if isinstance(a, np.ndarray):

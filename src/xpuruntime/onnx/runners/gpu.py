@@ -101,6 +101,7 @@ class GpuPlanner(Planner):
 
     wrap = staticmethod(lambda x: x)
     step_kind = "torch"
+    transposed_outputs = True
 
     def __init__(self, *args: Any, device: Any, constants: dict, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
