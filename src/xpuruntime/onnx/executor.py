@@ -212,6 +212,7 @@ class Planner:
         self.reuse_memory = reuse_memory
         self.max_tensor_bytes = max_tensor_bytes  # 0: no bound (see check_output_size)
         self.arena = arena  # where reused buffers live (None: an arena of the plan's own)
+        self._readers: dict[str, list[Node]] = {}  # value name -> its reader nodes (when transposed_outputs)
 
     def build(self, feeds: dict[str, np.ndarray]) -> tuple[ExecutionPlan, list[Any]]:
         with np.errstate(all="ignore"):
