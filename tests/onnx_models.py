@@ -78,6 +78,16 @@ def cpu_kernels_on_tensors(*kernels: str):
     return registry
 
 
+def optimize_as_cuda(monkeypatch) -> None:
+    """Sessions made from now on optimize their graphs as for a CUDA device (some fusions are made for GPU graphs
+    only), whatever device they run on."""
+    from xpuruntime.onnx import session as session_module
+
+    real = session_module.optimize
+    monkeypatch.setattr(session_module, "optimize", lambda graph, level, dispatcher, device, semantics: real(
+        graph, level, dispatcher, "cuda", semantics))  # fmt: skip
+
+
 def torch_path_builder():
     """build(model, level="all") -> a session whose runs go through the GPU path's PyTorch op map with CPU
     tensors (the GPU planner, no kernels of ours): the GPU path's semantics, testable without a GPU."""

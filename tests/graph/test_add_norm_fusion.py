@@ -12,12 +12,20 @@ from onnx import helper
 
 pytest.importorskip("onnxruntime")
 
-from onnx_models import cpu_kernels_on_tensors, make, onnxruntime, randn, same, torch_path_builder, vi
+from onnx_models import (
+    cpu_kernels_on_tensors,
+    make,
+    onnxruntime,
+    optimize_as_cuda,
+    randn,
+    same,
+    torch_path_builder,
+    vi,
+)
 
 from xpuruntime.dispatch import Dispatcher
 from xpuruntime.graph.passes import optimize
 from xpuruntime.onnx import InferenceSession
-from xpuruntime.onnx import session as session_module
 from xpuruntime.onnx.executor import run_graph
 from xpuruntime.onnx.importer import import_model
 from xpuruntime.onnx.semantics import ONNX_SEMANTICS
@@ -57,9 +65,7 @@ def _block(rng, residual_dims: list) -> onnx.ModelProto:
 @pytest.fixture
 def cuda_passes(monkeypatch):
     """Sessions optimize their graphs as for a CUDA device (the fusion is made for GPU graphs)."""
-    real = session_module.optimize
-    monkeypatch.setattr(session_module, "optimize", lambda graph, level, dispatcher, device, semantics: real(
-        graph, level, dispatcher, "cuda", semantics))  # fmt: skip
+    optimize_as_cuda(monkeypatch)
 
 
 def _feed(rng, batch: int, residual_batch: int | None = None) -> dict:

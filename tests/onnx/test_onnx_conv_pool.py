@@ -9,7 +9,18 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper
-from onnx_models import cpu_kernels_on_tensors, make, onnxruntime, ours, randn, reference, same, torch_run, vi
+from onnx_models import (
+    cpu_kernels_on_tensors,
+    make,
+    onnxruntime,
+    optimize_as_cuda,
+    ours,
+    randn,
+    reference,
+    same,
+    torch_run,
+    vi,
+)
 from strategies import seeds
 
 from xpuruntime.onnx import NodeExecutionError
@@ -263,16 +274,13 @@ def test_residual_add_and_relu_fuse_into_the_convolution_for_the_gpu(rng, channe
     NumPy path alike, it matches onnxruntime. A CPU session does not fuse it (its regions sum residuals themselves)."""
     pytest.importorskip("torch")
     from xpuruntime.onnx import InferenceSession
-    from xpuruntime.onnx import session as session_module
     from xpuruntime.onnx.runners import gpu_runner_factory
 
     model = _residual_block(rng)
     feed = {"x": randn(rng, 2, 8, 9, 11)}
     cpu_graph = InferenceSession(model.SerializeToString()).graph
     assert not [n for n in cpu_graph.nodes if n.op == "FusedConv" and len(n.inputs) == 4]
-    optimize = session_module.optimize
-    monkeypatch.setattr(session_module, "optimize", lambda graph, level, dispatcher, device, semantics: optimize(
-        graph, level, dispatcher, "cuda", semantics))  # fmt: skip
+    optimize_as_cuda(monkeypatch)
     # Z from an input whose symbolic height and width are 1 at run time: fused (the names differ from the
     # output's, as an exporter's often do), then added by broadcasting
     conv = helper.make_node("Conv", ["x", "w1", "b1"], ["c"], pads=[1, 1, 1, 1])

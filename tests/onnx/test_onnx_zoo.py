@@ -12,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 ort = pytest.importorskip("onnxruntime")
 
-from onnx_models import cpu_kernels_on_tensors, no_host_reads, torch_path_builder  # noqa: E402
+from onnx_models import cpu_kernels_on_tensors, no_host_reads, optimize_as_cuda, torch_path_builder  # noqa: E402
 from onnx_zoo import OPSETS, built, exported, feed, session, signatures  # noqa: E402
 
 from xpuruntime.bench.zoo_models import EXPORTERS, ZOO, max_abs_error  # noqa: E402
@@ -64,12 +64,13 @@ def _reference(reference: ort.InferenceSession, name: str, inputs: dict) -> list
 # so attention 2; BERT's 2 erf GELUs, GPT-2's 2 tanh GELUs; Llama's 5 RMSNorms (2 per layer and the final one);
 # on GPU graphs, every MatMul/Gemm with a bias (6 per BERT layer, 4 per GPT-2 or ViT layer, the classifier heads)
 # and every residual add with the norm after it (2 per layer; BERT's embeddings' LayerNorm too, not the first
-# pre-norm of GPT-2, ViT or Llama: a broadcast position embedding's add, or none);
+# pre-norm of GPT-2, ViT or Llama: a broadcast position embedding's add, or none); Llama's rotary embedding of
+# q and k, one per layer;
 # in the CNNs, every Conv whose output only an activation reads, and the oneDNN regions on the CPU graph.
 EXPECTED = {
     "bert": {"attention_fusion": 2, "gelu_fusion": 2, "linear_fusion": 12, "add_norm_fusion": 5},
     "gpt2": {"attention_fusion": 2, "gelu_fusion": 2, "linear_fusion": 8, "add_norm_fusion": 4},
-    "llama": {"attention_fusion": 2, "rms_norm_fusion": 5, "add_norm_fusion": 4},
+    "llama": {"attention_fusion": 2, "rms_norm_fusion": 5, "add_norm_fusion": 4, "rotary_fusion": 2},
     "vit_b16": {"attention_fusion": 2, "gelu_fusion": 2, "linear_fusion": 9, "add_norm_fusion": 4},
     # the ReLU after each Conv not read by an Add; every Conv to the pooling in one channels-last region
     "resnet50": {"linear_fusion": 1, "conv_activation_fusion": 9, "conv_regions": 1},
@@ -78,7 +79,7 @@ EXPECTED = {
 }
 FUSIONS = ("attention_fusion", "gelu_fusion", "rms_norm_fusion", "linear_fusion", "conv_bn_folding", "matmul_packing",
            "conv_activation_fusion", "conv_regions")  # fmt: skip
-GPU_FUSIONS = ("linear_fusion", "add_norm_fusion")  # counted on the model's GPU graph
+GPU_FUSIONS = ("linear_fusion", "add_norm_fusion", "rotary_fusion")  # counted on the model's GPU graph
 
 
 def _fused(data: bytes) -> dict[str, int]:
@@ -141,20 +142,17 @@ def test_fused_graph_keeps_exporters_guard_for_rows_without_keys() -> None:
 
 @pytest.mark.parametrize("name", ["bert", "gpt2", "llama"])
 def test_gpu_graphs_of_the_text_zoo_match_onnxruntime_with_add_norms_and_no_guard(name: str, monkeypatch) -> None:
-    """Made for CUDA, the dynamo exports' residual adds run with their norms as add-norm nodes, and the exporter's
-    IsNaN guard after attention is gone (HF's finite finfo.min mask leaves no row without a key); through the GPU
+    """Made for CUDA, the dynamo exports' residual adds run with their norms as add-norm nodes, Llama's rotary
+    embeddings of q and k as one rotary_embedding node a layer, and the exporter's IsNaN guard after attention is gone (HF's finite finfo.min mask leaves no row without a key); through the GPU
     path's PyTorch functions (CPU tensors) the outputs match onnxruntime at both signatures, left padding included."""
     import onnx
 
-    from xpuruntime.onnx import session as session_module
-
-    real = session_module.optimize
-    monkeypatch.setattr(session_module, "optimize", lambda graph, level, dispatcher, device, semantics: real(
-        graph, level, dispatcher, "cuda", semantics))  # fmt: skip
+    optimize_as_cuda(monkeypatch)
     data = exported(name, "dynamo", 18)
     ours = torch_path_builder()(onnx.load_from_string(data))
     counts = ours.graph.op_counts()
     assert counts.get("add_layer_norm", 0) + counts.get("add_rms_norm", 0) >= 4 and "IsNaN" not in counts, counts
+    assert counts.get("rotary_embedding", 0) == (2 if name == "llama" else 0) and "Neg" not in counts, counts
     reference = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
     for batch, side in signatures(name):
         inputs = feed(name, batch, side)
@@ -163,18 +161,19 @@ def test_gpu_graphs_of_the_text_zoo_match_onnxruntime_with_add_norms_and_no_guar
 
 
 @pytest.mark.parametrize("name", ["bert", "gpt2", "llama"])
-def test_gpu_path_stores_attention_outputs_in_the_order_their_transpose_reads(name: str) -> None:
+def test_gpu_path_stores_attention_outputs_in_the_order_their_transpose_reads(name: str, monkeypatch) -> None:
     """On the GPU path (CPU kernels on CPU tensors here) each fused attention's output is stored (B, L, H, D): the
     exporter's Transpose back is then a contiguous view and the Reshape to (B, L, H*D) a view too, not a copy.
-    Outputs match onnxruntime at both signatures."""
+    Llama's rotary embeddings run as kernel steps too. Outputs match onnxruntime at both signatures."""
     import onnx
 
     from xpuruntime.dispatch import Dispatcher
     from xpuruntime.onnx import InferenceSession
     from xpuruntime.onnx.runners import gpu_runner_factory
 
+    optimize_as_cuda(monkeypatch)
     data = exported(name, "dynamo", 18)
-    dispatcher = Dispatcher(cpu_kernels_on_tensors("attention/math"))
+    dispatcher = Dispatcher(cpu_kernels_on_tensors("attention/math", "rotary_embedding/numpy"))
     ours = InferenceSession(onnx.load_from_string(data).SerializeToString(), runner=gpu_runner_factory("cpu"),
                             dispatcher=dispatcher)  # fmt: skip
     reference = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
@@ -182,8 +181,10 @@ def test_gpu_path_stores_attention_outputs_in_the_order_their_transpose_reads(na
         inputs = feed(name, batch, side)
         (want,), (got,) = reference.run(None, inputs), ours.run(None, inputs)
         assert max_abs_error(got, want) <= 1e-4, (batch, side, max_abs_error(got, want))
-        attention = [s for s in ours.runner.last_plan().steps if s.node.op == "attention"]
+        steps = ours.runner.last_plan().steps
+        attention = [s for s in steps if s.node.op == "attention"]
         assert len(attention) == 2 and all(s.kind == "kernel" and s.stored == (0, 2, 1, 3) for s in attention)
+        assert [s.kind for s in steps if s.node.op == "rotary_embedding"] == (["kernel"] * 2 if name == "llama" else [])
 
 
 @pytest.mark.parametrize("name", ["bert", "gpt2", "llama"])

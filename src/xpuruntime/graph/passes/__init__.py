@@ -3,9 +3,8 @@
 Each pass is a function `(graph, ctx) -> number of changes` in its own module; it edits the graph in
 place and must never change what the graph computes. Levels (as onnxruntime's): 0 disabled (shape
 inference only), 1 basic (folding, Conv + BatchNorm folding, CSE, cleanups, dead nodes), 2 extended
-(+ pattern fusion into registered ops: GELU, layer norm, RMS norm, residual add + norm, attention, linear;
-Conv + activation into FusedConv), 99 all (+ MatMul
-packing, elementwise fusion).
+(+ pattern fusion into registered ops: GELU, layer norm, RMS norm, residual add + norm, attention, rotary
+embedding, linear; Conv + activation into FusedConv), 99 all (+ MatMul packing, elementwise fusion).
 
 The passes know the graph IR, not the format it came from: what they need to know about the ops of that
 format (how to compute a node of constants, the types shape inference gives values) comes through
@@ -38,6 +37,7 @@ from . import (
     linear_fusion,
     matmul_packing,
     rms_norm_fusion,
+    rotary_fusion,
     shape_inference,
 )  # fmt: skip
 
@@ -102,6 +102,7 @@ PIPELINE: tuple[tuple[int, str, Pass], ...] = (
     (EXTENDED, "rms_norm_fusion", rms_norm_fusion.run),
     (EXTENDED, "add_norm_fusion", add_norm_fusion.run),
     (EXTENDED, "attention_fusion", attention_fusion.run),
+    (EXTENDED, "rotary_fusion", rotary_fusion.run),
     (EXTENDED, "linear_fusion", linear_fusion.run),
     (EXTENDED, "conv_activation_fusion", conv_activation_fusion.run),
     (ALL, "matmul_packing", matmul_packing.run),

@@ -86,7 +86,20 @@ def _xrt_fallback(node: Node) -> Callable:
         return lambda x, r, w=None, b=None: _add_then(x, r, lambda h: F.layer_norm(h, h.shape[-1:], w, b, at["eps"]))
     if node.op == "add_rms_norm":
         return lambda x, r, w=None: _add_then(x, r, lambda h: F.rms_norm(h, h.shape[-1:], w, at.get("eps")))
+    if node.op == "rotary_embedding" and not at.get("interleaved") and at.get("unsqueeze_dim", 1) == 1:
+        return _rotary_packed
     raise UnsupportedModelError(f"{node.describe()}: no GPU fallback for xrt op '{node.op}'")
+
+
+def _rotary_packed(q: Any, k: Any, cos: Any, sin: Any) -> Any:
+    """rotary_embedding's packed [q_embed | k_embed] by Hugging Face's rotate-half formula."""
+
+    def embed(x: Any) -> Any:
+        half = x.shape[-1] // 2
+        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        return x * cos.unsqueeze(1) + rotated * sin.unsqueeze(1)
+
+    return torch.cat((embed(q).reshape(-1), embed(k).reshape(-1)))
 
 
 def _add_then(x: Any, residual: Any, norm: Callable[[Any], Any]) -> tuple[Any, Any]:
