@@ -187,6 +187,40 @@ def test_gpu_path_stores_attention_outputs_in_the_order_their_transpose_reads(na
         assert [s.kind for s in steps if s.node.op == "rotary_embedding"] == (["kernel"] * 2 if name == "llama" else [])
 
 
+@pytest.mark.parametrize("kernels", [("attention/math", "rotary_embedding/numpy", "add_rms_norm/numpy"), ()])
+def test_gpu_graph_of_an_fp16_llama_reads_grouped_kv_heads_in_place(kernels, monkeypatch) -> None:
+    """Llama exported in fp16 and made for CUDA: the GQA repeat of k and v before each attention is gone (the op
+    reads their own heads, enable_gqa); through the CPU kernels on tensors, and through the GPU path's PyTorch
+    fallbacks alone, the outputs stay within fp16 tolerance of onnxruntime's fp32 outputs, left padding included."""
+    import onnx
+
+    from xpuruntime.bench.zoo_models import export as export_model
+    from xpuruntime.dispatch import Dispatcher
+    from xpuruntime.onnx import InferenceSession
+    from xpuruntime.onnx.runners import gpu_runner_factory
+
+    optimize_as_cuda(monkeypatch)
+    model, example = built("llama")
+    half = copy.deepcopy(model).half()
+    data = export_model(half, tuple(t.half() if t.is_floating_point() else t for t in example), ZOO["llama"],
+                        "dynamo", 18)  # fmt: skip
+    ours = InferenceSession(onnx.load_from_string(data).SerializeToString(), runner=gpu_runner_factory("cpu"),
+                            dispatcher=Dispatcher(cpu_kernels_on_tensors(*kernels)))  # fmt: skip
+    attention = [n for n in ours.graph.nodes if n.op == "attention"]
+    assert len(attention) == 2 and all(n.attrs.get("enable_gqa") for n in attention)
+    assert "Expand" not in {ours.graph.producers()[n.inputs[1]].op for n in attention}
+    reference = ort.InferenceSession(exported("llama", "dynamo", 18), providers=["CPUExecutionProvider"])
+    for batch, side in signatures("llama"):
+        inputs = feed("llama", batch, side)
+        (want,) = reference.run(None, inputs)
+        (got,) = ours.run(None, inputs)
+        assert got.dtype == np.float16 and max_abs_error(got.astype(np.float32), want) <= 2e-2 * max(
+            1.0, np.abs(want).max()
+        )
+    kinds = {s.node.op: s.kind for s in ours.runner.last_plan().steps}
+    assert kinds["attention"] == ("kernel" if kernels else "torch"), kinds
+
+
 @pytest.mark.parametrize("name", ["bert", "gpt2", "llama"])
 def test_batch_size_zero_gives_empty_outputs_as_onnxruntime(name: str) -> None:
     """The dynamo exporter's Reshape(x, [batch, seq, -1, head]) with allowzero: onnxruntime works the -1 out from

@@ -312,3 +312,36 @@ def test_scale_default_is_inverse_sqrt_head_dim() -> None:
     q, k, v, _ = _inputs(rng, 1, 1, 1, 3, 4, 9, "float64")
     out, _ = xrt.ops.attention_forward(q, k, v)
     np.testing.assert_allclose(out, forward_reference(q, k, v, scale=1 / math.sqrt(9)), atol=1e-12)
+
+
+@pytest.mark.parametrize("kernel", ["math", "chunked"])
+@pytest.mark.parametrize("heads", [(4, 2), (6, 1), (3, 3)])
+def test_attention_with_enable_gqa_matches_pytorch_sdpa(kernel, heads) -> None:
+    """enable_gqa=True (as F.scaled_dot_product_attention's): k and v with fewer heads dividing q's, query head h
+    reading key/value head h // (Hq // Hk), a bool mask and a poisoned out; against PyTorch's SDPA in float64."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(7)
+    hq, hk = heads
+    q = rng.standard_normal((2, hq, 5, 8)).astype(np.float32)
+    k, v = (rng.standard_normal((2, hk, 7, d)).astype(np.float32) for d in (8, 6))
+    mask = rng.random((2, 1, 5, 7)) > 0.3
+    mask[..., 0] = True
+    as64 = [torch.tensor(t, dtype=torch.float64) for t in (q, k, v)]
+    want = torch.nn.functional.scaled_dot_product_attention(*as64, torch.tensor(mask), enable_gqa=True).numpy()
+    out = np.full((2, hq, 5, 6), np.nan, np.float32)
+    with xrt.kernel_policy(strict=True, attention=kernel):
+        got = xrt.ops.attention(q, k, v, mask, scale=None, enable_gqa=True, out=out)
+    assert got is out
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_attention_heads_that_do_not_divide_are_refused_naming_the_argument() -> None:
+    """Without enable_gqa, k with fewer heads does not broadcast; with it, heads must divide q's."""
+    rng = np.random.default_rng(8)
+    q = rng.standard_normal((2, 4, 5, 8)).astype(np.float32)
+    k3 = rng.standard_normal((2, 3, 7, 8)).astype(np.float32)
+    k2 = rng.standard_normal((2, 2, 7, 8)).astype(np.float32)
+    with pytest.raises(ShapeError, match="attention"):
+        xrt.ops.attention(q, k2, k2)
+    with pytest.raises(ShapeError, match="'k'.*dividing"):
+        xrt.ops.attention(q, k3, k3, enable_gqa=True)

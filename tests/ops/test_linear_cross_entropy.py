@@ -145,6 +145,10 @@ def test_errors(rng):
         xrt.ops.linear_cross_entropy_backward(np.ones(3, np.float32), h, w, t)
     with pytest.raises(ArgumentError, match="argument 'z_loss_scale' expected a finite number >= 0"):
         xrt.ops.linear_cross_entropy(h, w, t, b, z_loss_scale=-1.0)
+    for front_end in (xrt.ops.linear_cross_entropy_forward, xrt.ops.linear_cross_entropy_backward):
+        args = (h, w, t) if front_end is xrt.ops.linear_cross_entropy_forward else (np.float32(1), h, w, t)
+        with pytest.raises(ArgumentError, match="argument 'weight_grad' expected a bool, got array"):
+            front_end(*args, weight_grad=np.array([], np.float64))  # was "truth value of an empty array"
 
 
 @settings(max_examples=40, deadline=None)

@@ -1,6 +1,8 @@
-"""attention(q, k, v, attn_mask=None, is_causal=False, scale=None) with F.scaled_dot_product_attention's
-semantics: q (..., L, E), k (..., S, E), v (..., S, Ev) -> (..., L, Ev); batch dims broadcast; a bool mask
-keeps True positions, a float mask is added to the scores; causal masking is aligned top-left.
+"""attention(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=False) with
+F.scaled_dot_product_attention's semantics: q (..., L, E), k (..., S, E), v (..., S, Ev) -> (..., L, Ev); batch
+dims broadcast; a bool mask keeps True positions, a float mask is added to the scores; causal masking is aligned
+top-left. With enable_gqa=True, k and v may have fewer heads (axis -3, dividing q's; their other batch dims are
+q's): query head h reads key/value head h // (Hq // Hk) (grouped-query attention, as SDPA's enable_gqa).
 A query row that can see no key gives NaN (PyTorch's math backend gave NaN before 2.5, 0 since)."""
 
 from __future__ import annotations
@@ -72,12 +74,38 @@ def check_dtypes(ctx: DispatchContext) -> str:
     return dtype
 
 
+def kv_batch_ok(q_batch: tuple[int, ...], kv_batch: tuple[int, ...], gqa: bool) -> bool:
+    """k's or v's batch dims are q's, or with `gqa` differ only in a heads axis (-3 of the array) dividing q's."""
+    if kv_batch == q_batch:
+        return True
+    if not gqa or len(q_batch) == 0 or len(kv_batch) != len(q_batch) or kv_batch[:-1] != q_batch[:-1]:
+        return False
+    return kv_batch[-1] > 0 and q_batch[-1] % kv_batch[-1] == 0
+
+
+def _grouped_batch(ctx: DispatchContext, q: tuple, k: tuple, v: tuple) -> tuple[int, ...]:
+    """q's batch dims, once k's and v's are checked to be q's with fewer heads."""
+    for name, shape in (("k", k), ("v", v)):
+        if not kv_batch_ok(q[:-2], shape[:-2], True):
+            expected = f"batch dims {q[:-2]} like 'q', or with a heads axis -3 dividing q's {q[-3]}"
+            raise argument_error(ShapeError, ctx.op, name, expected, f"shape {shape}")
+    if v[:-2] != k[:-2]:
+        raise argument_error(ShapeError, ctx.op, "v", f"batch dims {k[:-2]} (those of 'k')", f"shape {v}")
+    return q[:-2]
+
+
 def _normalize_attrs(ctx: DispatchContext) -> dict[str, Any]:
     q, k, v = check_qkv(ctx)
-    batch = broadcast(ctx.op, [("q", q[:-2]), ("k", k[:-2]), ("v", v[:-2])])
+    gqa = check_bool(ctx, "enable_gqa")
+    grouped = gqa and len(q) >= 3 and len(k) == len(q) and k[-3] != q[-3]
+    if grouped:
+        batch = _grouped_batch(ctx, q, k, v)
+    else:
+        batch = broadcast(ctx.op, [("q", q[:-2]), ("k", k[:-2]), ("v", v[:-2])])
     is_causal = check_bool(ctx, "is_causal")
     scale = check_mask_and_scale(ctx, batch, is_causal)
-    return {"is_causal": is_causal, "scale": scale, "batch": batch, "L": q[-2], "S": k[-2]}
+    return {"is_causal": is_causal, "scale": scale, "enable_gqa": gqa, "batch": batch, "L": q[-2], "S": k[-2],
+            "group": q[-3] // k[-3] if grouped else 1}  # fmt: skip
 
 
 def _infer_shape(ctx: DispatchContext) -> tuple[int, ...]:
@@ -96,10 +124,13 @@ def causal_mask(L: int, S: int) -> np.ndarray:
 
 
 def reference(
-    q: Any, k: Any, v: Any, attn_mask: Any = None, is_causal: bool = False, scale: float | None = None
-) -> np.ndarray:
+    q: Any, k: Any, v: Any, attn_mask: Any = None, is_causal: bool = False, scale: float | None = None,
+    enable_gqa: bool = False,
+) -> np.ndarray:  # fmt: skip
     """float64 reference."""
     q, k, v = (np.asarray(t, np.float64) for t in (q, k, v))
+    if enable_gqa and q.ndim >= 3 and k.ndim == q.ndim and k.shape[-3] != q.shape[-3]:
+        k, v = (np.repeat(t, q.shape[-3] // k.shape[-3], axis=-3) for t in (k, v))
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     scores = np.matmul(q, np.swapaxes(k, -1, -2)) * scale
     if is_causal:
@@ -117,8 +148,8 @@ ATTENTION = OpSchema(
     name="attention",
     inputs=("q", "k", "v", "attn_mask"),
     optional=frozenset({"attn_mask"}),
-    attrs=("is_causal", "scale"),
-    defaults={"is_causal": False, "scale": None},
+    attrs=("is_causal", "scale", "enable_gqa"),
+    defaults={"is_causal": False, "scale": None, "enable_gqa": False},
     normalize_attrs=_normalize_attrs,
     infer_dtype=check_dtypes,
     infer_shape=_infer_shape,
@@ -130,10 +161,10 @@ ATTENTION = OpSchema(
 
 def attention(
     q: Any, k: Any, v: Any, attn_mask: Any = None, dropout_p: float = 0.0, is_causal: bool = False,
-    scale: float | None = None, *, out: Any = None,
+    scale: float | None = None, enable_gqa: bool = False, *, out: Any = None,
 ) -> Any:  # fmt: skip
     """Scaled dot-product attention with F.scaled_dot_product_attention's arguments; dropout_p must be 0
     (inference semantics: apply dropout outside the op)."""
     if not isinstance(dropout_p, numbers.Real) or isinstance(dropout_p, bool) or dropout_p != 0.0:
         raise argument_error(ArgumentError, "attention", "dropout_p", "0.0 (dropout is not supported)", clip(dropout_p))
-    return run("attention", (q, k, v, attn_mask), (is_causal, scale), out)
+    return run("attention", (q, k, v, attn_mask), (is_causal, scale, enable_gqa), out)

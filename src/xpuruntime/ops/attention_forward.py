@@ -30,15 +30,7 @@ from ..dispatch import run
 from ..errors import DTypeError, ShapeError, argument_error
 from ..runtime.capacity import check_fits
 from ..schema import OpSchema
-from .attention import causal_mask, check_bool, check_dtypes, check_mask_and_scale, check_qkv
-
-
-def _kv_batch_ok(q_batch: tuple[int, ...], kv_batch: tuple[int, ...], gqa: bool) -> bool:
-    if kv_batch == q_batch:
-        return True
-    if not gqa or len(q_batch) == 0 or len(kv_batch) != len(q_batch) or kv_batch[:-1] != q_batch[:-1]:
-        return False
-    return kv_batch[-1] > 0 and q_batch[-1] % kv_batch[-1] == 0
+from .attention import causal_mask, check_bool, check_dtypes, check_mask_and_scale, check_qkv, kv_batch_ok
 
 
 def normalize_training_attrs(ctx: DispatchContext) -> dict[str, Any]:
@@ -47,7 +39,7 @@ def normalize_training_attrs(ctx: DispatchContext) -> dict[str, Any]:
     gqa = check_bool(ctx, "enable_gqa")
     batch = q[:-2]
     for name, shape in (("k", k), ("v", v)):
-        if not _kv_batch_ok(batch, shape[:-2], gqa):
+        if not kv_batch_ok(batch, shape[:-2], gqa):
             extra = " (or, with enable_gqa=True, a heads axis -3 dividing q's)" if len(batch) else ""
             raise argument_error(ShapeError, ctx.op, name, f"batch dims {batch} like 'q'{extra}", f"shape {shape}")
     if v[:-2] != k[:-2]:

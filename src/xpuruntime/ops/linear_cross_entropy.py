@@ -43,7 +43,7 @@ from ..abi import INT_DTYPES
 from ..arrays import as_array
 from ..context import DispatchContext
 from ..dispatch import run
-from ..errors import ArgumentError, DTypeError, ShapeError, argument_error
+from ..errors import ArgumentError, DTypeError, ShapeError, argument_error, clip
 from ..schema import OpSchema
 from .attention_forward import empty_like_backend
 from .checks import finite_float, int_attribute, numel, require_dtype_like, require_float, require_ndim
@@ -244,6 +244,8 @@ def gradient_buffers(
 ) -> tuple[Any, Any, Any]:
     """Fresh grad_hidden (None without with_hidden), grad_weight (None without weight_grad) and grad_bias (None
     without bias or weight_grad) beside hidden, in its tensors' dtypes."""
+    if not isinstance(weight_grad, bool | np.bool_):
+        raise argument_error(ArgumentError, op, "weight_grad", "a bool", clip(weight_grad))
 
     def like(t: Any, name: str) -> Any:
         shape, dtype = tuple(getattr(t, "shape", ())), str(getattr(t, "dtype", "")).removeprefix("torch.")

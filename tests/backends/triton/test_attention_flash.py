@@ -538,3 +538,17 @@ def test_flash_v2_keys_and_values_broadcast_over_the_batch(causal):
     with xrt.kernel_policy(attention="flash_v2", strict=True):
         out = xrt.ops.attention(q, k, v, is_causal=causal)
     assert_close(out, attention_reference(f64(q), f64(k), f64(v), is_causal=causal), "bfloat16")
+
+
+@kernel_test
+def test_flash_v2_attention_with_grouped_query_heads() -> None:
+    """The `attention` op's enable_gqa on flash_v2: k and v keep their own heads (the kernel's H // Hk), an
+    additive mask, against the float64 reference."""
+    rng = np.random.default_rng(11)
+    q = _half(rng, (2, 4, 33, 16))
+    k, v = _half(rng, (2, 2, 40, 16)), _half(rng, (2, 2, 40, 16))
+    mask = np.where(rng.random((2, 1, 33, 40)) > 0.2, 0.0, -1e4).astype(np.float16)
+    with xrt.kernel_policy(strict=True, attention="flash_v2"):
+        got = xrt.ops.attention(q, k, v, _device(mask), enable_gqa=True)
+    want = attention_reference(f64(q), f64(k), f64(v), f64(mask), enable_gqa=True)
+    assert_close(got, want, "float16")

@@ -141,9 +141,10 @@ def _sdpa(args: ArgPack, backend: SDPBackend, mask: torch.Tensor | None = None) 
     (as the reference, flash_v2 and the CPU kernels do), so such rows are set."""
     q, k, v, given = args.inputs
     at = args.attrs
+    grouped = {"enable_gqa": True} if at.get("group", 1) > 1 else {}  # fused backends decline it (_four_dims)
     with sdpa_kernel([backend]):
         result = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=given if mask is None else mask, is_causal=at["is_causal"], scale=at["scale"]
+            q, k, v, attn_mask=given if mask is None else mask, is_causal=at["is_causal"], scale=at["scale"], **grouped
         )
     if given is not None and given.numel():
         result.masked_fill_(_blind_rows(given), float("nan"))

@@ -4,7 +4,8 @@ Each pass is a function `(graph, ctx) -> number of changes` in its own module; i
 place and must never change what the graph computes. Levels (as onnxruntime's): 0 disabled (shape
 inference only), 1 basic (folding, Conv + BatchNorm folding, CSE, cleanups, dead nodes), 2 extended
 (+ pattern fusion into registered ops: GELU, layer norm, RMS norm, residual add + norm, attention, rotary
-embedding, linear; Conv + activation into FusedConv), 99 all (+ MatMul packing, elementwise fusion).
+embedding, grouped-query attention, linear; Conv + activation into FusedConv), 99 all (+ MatMul packing,
+elementwise fusion).
 
 The passes know the graph IR, not the format it came from: what they need to know about the ops of that
 format (how to compute a node of constants, the types shape inference gives values) comes through
@@ -32,6 +33,7 @@ from . import (
     dead_code,
     elementwise_fusion,
     gelu_fusion,
+    grouped_query_fusion,
     layer_norm_fusion,
     layout_cleanup,
     linear_fusion,
@@ -103,6 +105,7 @@ PIPELINE: tuple[tuple[int, str, Pass], ...] = (
     (EXTENDED, "add_norm_fusion", add_norm_fusion.run),
     (EXTENDED, "attention_fusion", attention_fusion.run),
     (EXTENDED, "rotary_fusion", rotary_fusion.run),
+    (EXTENDED, "grouped_query_fusion", grouped_query_fusion.run),
     (EXTENDED, "linear_fusion", linear_fusion.run),
     (EXTENDED, "conv_activation_fusion", conv_activation_fusion.run),
     (ALL, "matmul_packing", matmul_packing.run),

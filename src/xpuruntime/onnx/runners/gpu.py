@@ -70,8 +70,9 @@ def _xrt_fallback(node: Node) -> Callable:
         def attention(q: Any, k: Any, v: Any, mask: Any = None) -> Any:
             if mask is not None and mask.dim() < 2:  # SDPA wants a mask with (L, S) dims
                 mask = mask.reshape(*(1,) * (2 - mask.dim()), *mask.shape)
+            grouped = {"enable_gqa": True} if at.get("enable_gqa") else {}
             return F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, is_causal=bool(at.get("is_causal")), scale=at.get("scale")
+                q, k, v, attn_mask=mask, is_causal=bool(at.get("is_causal")), scale=at.get("scale"), **grouped
             )
 
         return attention
