@@ -343,5 +343,5 @@ def test_attention_heads_that_do_not_divide_are_refused_naming_the_argument() ->
     k2 = rng.standard_normal((2, 2, 7, 8)).astype(np.float32)
     with pytest.raises(ShapeError, match="attention"):
         xrt.ops.attention(q, k2, k2)
-    with pytest.raises(ShapeError, match="'k'.*dividing"):
+    with pytest.raises(ShapeError, match=r"'k'.*dividing"):
         xrt.ops.attention(q, k3, k3, enable_gqa=True)
