@@ -94,9 +94,9 @@ def _mask_hides_rows(mask: np.ndarray | None, is_causal: bool) -> bool:
 
 
 def repeat_heads(x: np.ndarray, attrs: dict) -> np.ndarray:
-    """k or v with each head repeated for its group of query heads (grouped-query attention); q unchanged."""
+    """k or v with each head repeated for its group of query heads (grouped-query attention: `group` > 1)."""
     group = attrs.get("group", 1)
-    return np.repeat(x, group, axis=-3) if group > 1 and x.shape[-3] * group == attrs["batch"][-1] else x
+    return np.repeat(x, group, axis=-3) if group > 1 else x
 
 
 def _row_sums(scores: np.ndarray) -> np.ndarray:
@@ -165,8 +165,8 @@ def attention_chunked(args: ArgPack) -> None:
     at, params = args.attrs, args.config.params
     batch, L, S = at["batch"], at["L"], at["S"]
     dtype = score_dtype(args.inputs[0], args.inputs[1], at["scale"])
-    q, k, v = (np.broadcast_to(repeat_heads(as_compute(t, dtype), at), (*batch, *t.shape[-2:]))
-               for t in args.inputs[:3])  # fmt: skip
+    q, k, v = (as_compute(t, dtype) for t in args.inputs[:3])
+    q, k, v = (np.broadcast_to(t, (*batch, *t.shape[-2:])) for t in (q, repeat_heads(k, at), repeat_heads(v, at)))
     block_q, block_k = params["BLOCK_Q"], params["BLOCK_K"]
     if dtype == compute_dtype(args.inputs[0].dtype):
         scratch = args.workspace.view(dtype).reshape(*batch, block_q, block_k)
