@@ -556,7 +556,7 @@ def _reference_step(node: Node, ins: tuple, outs: tuple, dispatcher: Dispatcher,
         if buffers:  # the reference writes them (add_layer_norm's h)
             args += [None] * (len(schema.inputs) - len(args))
             for position, slot in buffers:
-                args[position] = env[slot] = np.empty_like(np.asarray(first), order="C")
+                args[position] = env[slot] = empty_like(np.asarray(first))
         env[o] = np.asarray(schema.reference(*args, **attrs)).astype(dtype)
 
     step = Step(node, "numpy", ins, outs, note=f"float64 reference; {note}"[:300])

@@ -74,7 +74,7 @@ def check_dtypes(ctx: DispatchContext) -> str:
     return dtype
 
 
-def kv_batch_ok(q_batch: tuple[int, ...], kv_batch: tuple[int, ...], gqa: bool) -> bool:
+def _kv_batch_ok(q_batch: tuple[int, ...], kv_batch: tuple[int, ...], gqa: bool) -> bool:
     """k's or v's batch dims are q's, or with `gqa` differ only in a heads axis (-3 of the array) dividing q's."""
     if kv_batch == q_batch:
         return True
@@ -83,15 +83,21 @@ def kv_batch_ok(q_batch: tuple[int, ...], kv_batch: tuple[int, ...], gqa: bool) 
     return kv_batch[-1] > 0 and q_batch[-1] % kv_batch[-1] == 0
 
 
-def _grouped_batch(ctx: DispatchContext, q: tuple, k: tuple, v: tuple) -> tuple[int, ...]:
-    """q's batch dims, once k's and v's are checked to be q's with fewer heads."""
+def check_kv_batch(ctx: DispatchContext, q: tuple, k: tuple, v: tuple, gqa: bool) -> None:
+    """k's and v's batch dims are q's (with `gqa`, but for fewer heads dividing q's), v's those of k, or an error
+    naming the argument."""
+    batch = q[:-2]
     for name, shape in (("k", k), ("v", v)):
-        if not kv_batch_ok(q[:-2], shape[:-2], True):
-            expected = f"batch dims {q[:-2]} like 'q', or with a heads axis -3 dividing q's {q[-3]}"
-            raise argument_error(ShapeError, ctx.op, name, expected, f"shape {shape}")
+        if not _kv_batch_ok(batch, shape[:-2], gqa):
+            extra = " (or, with enable_gqa=True, a heads axis -3 dividing q's)" if len(batch) else ""
+            raise argument_error(ShapeError, ctx.op, name, f"batch dims {batch} like 'q'{extra}", f"shape {shape}")
     if v[:-2] != k[:-2]:
         raise argument_error(ShapeError, ctx.op, "v", f"batch dims {k[:-2]} (those of 'k')", f"shape {v}")
-    return q[:-2]
+
+
+def expand_heads(x: np.ndarray, group: int) -> np.ndarray:
+    """k or v with each head repeated `group` times along axis -3 (GQA), as enable_gqa does."""
+    return x if group == 1 else np.repeat(x, group, axis=-3)
 
 
 def _normalize_attrs(ctx: DispatchContext) -> dict[str, Any]:
@@ -99,7 +105,8 @@ def _normalize_attrs(ctx: DispatchContext) -> dict[str, Any]:
     gqa = check_bool(ctx, "enable_gqa")
     grouped = gqa and len(q) >= 3 and len(k) == len(q) and k[-3] != q[-3]
     if grouped:
-        batch = _grouped_batch(ctx, q, k, v)
+        check_kv_batch(ctx, q, k, v, True)
+        batch = q[:-2]
     else:
         batch = broadcast(ctx.op, [("q", q[:-2]), ("k", k[:-2]), ("v", v[:-2])])
     is_causal = check_bool(ctx, "is_causal")
@@ -130,7 +137,7 @@ def reference(
     """float64 reference."""
     q, k, v = (np.asarray(t, np.float64) for t in (q, k, v))
     if enable_gqa and q.ndim >= 3 and k.ndim == q.ndim and k.shape[-3] != q.shape[-3]:
-        k, v = (np.repeat(t, q.shape[-3] // k.shape[-3], axis=-3) for t in (k, v))
+        k, v = (expand_heads(t, q.shape[-3] // k.shape[-3]) for t in (k, v))
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     scores = np.matmul(q, np.swapaxes(k, -1, -2)) * scale
     if is_causal:

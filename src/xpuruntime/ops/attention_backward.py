@@ -27,8 +27,8 @@ from ..context import DispatchContext
 from ..dispatch import run
 from ..errors import ShapeError, argument_error
 from ..schema import OpSchema
-from .attention import check_dtypes
-from .attention_forward import check_lse_dtype, expand_heads, normalize_training_attrs, scores_reference
+from .attention import check_dtypes, expand_heads
+from .attention_forward import check_lse_dtype, normalize_training_attrs, scores_reference
 from .checks import require_dtype_like
 
 

@@ -30,7 +30,15 @@ from ..dispatch import run
 from ..errors import DTypeError, ShapeError, argument_error
 from ..runtime.capacity import check_fits
 from ..schema import OpSchema
-from .attention import causal_mask, check_bool, check_dtypes, check_mask_and_scale, check_qkv, kv_batch_ok
+from .attention import (
+    causal_mask,
+    check_bool,
+    check_dtypes,
+    check_kv_batch,
+    check_mask_and_scale,
+    check_qkv,
+    expand_heads,
+)
 
 
 def normalize_training_attrs(ctx: DispatchContext) -> dict[str, Any]:
@@ -38,12 +46,7 @@ def normalize_training_attrs(ctx: DispatchContext) -> dict[str, Any]:
     q, k, v = check_qkv(ctx)
     gqa = check_bool(ctx, "enable_gqa")
     batch = q[:-2]
-    for name, shape in (("k", k), ("v", v)):
-        if not kv_batch_ok(batch, shape[:-2], gqa):
-            extra = " (or, with enable_gqa=True, a heads axis -3 dividing q's)" if len(batch) else ""
-            raise argument_error(ShapeError, ctx.op, name, f"batch dims {batch} like 'q'{extra}", f"shape {shape}")
-    if v[:-2] != k[:-2]:
-        raise argument_error(ShapeError, ctx.op, "v", f"batch dims {k[:-2]} (those of 'k')", f"shape {v}")
+    check_kv_batch(ctx, q, k, v, gqa)
     is_causal = check_bool(ctx, "is_causal")
     scale = check_mask_and_scale(ctx, batch, is_causal)
     group = batch[-1] // k[-3] if len(batch) and k[-3] else 1
@@ -88,11 +91,6 @@ def flops(ctx: DispatchContext) -> int:
     e, ev = ctx.tensor("q").shape[-1], ctx.tensor("v").shape[-1]
     full = 2 * math.prod(at["batch"]) * at["L"] * at["S"] * (e + ev)
     return full // 2 if at["is_causal"] else full
-
-
-def expand_heads(x: np.ndarray, group: int) -> np.ndarray:
-    """k or v with each head repeated `group` times along axis -3 (GQA), as enable_gqa does."""
-    return x if group == 1 else np.repeat(x, group, axis=-3)
 
 
 def scores_reference(

@@ -18,6 +18,7 @@ import numpy as np
 from ...abi import ArgPack
 from ...context import DispatchContext
 from ...registry import kernel
+from .attention import repeat_heads
 from .common import CPU_FLOAT_DTYPES, as_compute, score_dtype
 
 MAX_SCORES = 1 << 26  # elements of the full score matrix (256 MiB in fp32)
@@ -29,10 +30,6 @@ def _fits_in_memory(ctx: DispatchContext) -> str | None:
     if n > MAX_SCORES:
         return f"score matrix has {n} elements (> {MAX_SCORES})"
     return None
-
-
-def _expand(x: np.ndarray, group: int, gqa: bool) -> np.ndarray:
-    return np.repeat(x, group, axis=-3) if gqa and group > 1 else x
 
 
 def _scores(args: ArgPack, q: np.ndarray, k: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
@@ -70,7 +67,7 @@ def attention_forward_math(args: ArgPack) -> None:
     at = args.attrs
     dtype = score_dtype(q, k, at["scale"])
     q, k, v = as_compute(q, dtype), as_compute(k, dtype), as_compute(v, dtype)
-    k, v = _expand(k, at["group"], at["enable_gqa"]), _expand(v, at["group"], at["enable_gqa"])
+    k, v = repeat_heads(k, at), repeat_heads(v, at)
     s = _scores(args, q, k, None if mask is None else as_compute(mask) if mask.dtype != bool else mask)
     lse = _row_lse(s)
     with np.errstate(invalid="ignore"):  # rows that see no key: exp(-inf - inf) -> NaN output, as PyTorch
@@ -92,7 +89,7 @@ def attention_backward_math(args: ArgPack) -> None:
     group, gqa = at["group"], at["enable_gqa"]
     dtype = score_dtype(q, k, at["scale"])
     do, q, k, v, out = (as_compute(t, dtype) for t in (do, q, k, v, out))
-    ke, ve = _expand(k, group, gqa), _expand(v, group, gqa)
+    ke, ve = repeat_heads(k, at), repeat_heads(v, at)
     s = _scores(args, q, ke, None if mask is None else as_compute(mask) if mask.dtype != bool else mask)
     with np.errstate(invalid="ignore", over="ignore"):
         p = np.exp(s - lse[..., None].astype(s.dtype))  # lse = +inf: the row contributes nothing

@@ -94,26 +94,24 @@ def _probabilities(graph: Graph, softmax: Node, consumers: dict) -> tuple[Node, 
     return out, True, [isnan, where]
 
 
+def _where_fill(graph: Graph, mask: str, producers: dict) -> tuple[str, float] | None:
+    """(keep, fill) when the mask is Where(keep, 0, fill) with a boolean keep and a constant fill."""
+    where = producers.get(mask)
+    if where is None or where.op != "Where" or where.domain or graph.value(where.inputs[0]).dtype != "bool":
+        return None
+    fill = scalar(graph, where.inputs[2])
+    return (where.inputs[0], fill) if scalar(graph, where.inputs[1]) == 0.0 and fill is not None else None
+
+
 def _mask(graph: Graph, mask: str | None, dtype: str, producers: dict) -> str | None:
     """The attention op's mask: a Where(keep, 0, -inf)'s `keep`, or the additive mask itself ("" for none);
     None when the mask cannot be given to the op (another dtype)."""
     if mask is None:
         return ""
-    where = producers.get(mask)
-    if where is not None and where.op == "Where" and not where.domain and graph.value(where.inputs[0]).dtype == "bool":
-        zero, fill = scalar(graph, where.inputs[1]), scalar(graph, where.inputs[2])
-        if zero == 0.0 and fill == -math.inf and graph.value(mask).shape == graph.value(where.inputs[0]).shape:
-            return where.inputs[0]
+    found = _where_fill(graph, mask, producers)
+    if found is not None and found[1] == -math.inf and graph.value(mask).shape == graph.value(found[0]).shape:
+        return found[0]
     return mask if graph.value(mask).dtype == dtype else None
-
-
-def _finite_fill(graph: Graph, mask: str, producers: dict) -> bool:
-    """Whether the additive mask is Where(keep, 0, c) with c a finite constant: no score becomes -inf."""
-    where = producers.get(mask)
-    if where is None or where.op != "Where" or where.domain or graph.value(where.inputs[0]).dtype != "bool":
-        return False
-    fill = scalar(graph, where.inputs[2])
-    return scalar(graph, where.inputs[1]) == 0.0 and fill is not None and math.isfinite(fill)
 
 
 def _swaps_last_two(perm: list[int]) -> bool:
@@ -183,7 +181,8 @@ def _match(graph: Graph, softmax: Node, producers: dict, consumers: dict) -> tup
     op_mask = _mask(graph, mask, dtype, producers)
     if op_mask is None:
         return None
-    guarded = guarded and not (op_mask == mask and _finite_fill(graph, mask, producers))
+    found = _where_fill(graph, mask, producers) if op_mask == mask else None
+    guarded = guarded and not (found is not None and math.isfinite(found[1]))  # a finite fill: no row of -inf
     nodes = [*q_scale, *k_scale, *matched, softmax, *guard, out]
     return q, kt, v, op_mask, a * b * post, guarded, out, nodes
 

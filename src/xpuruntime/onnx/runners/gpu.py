@@ -94,13 +94,10 @@ def _xrt_fallback(node: Node) -> Callable:
 
 def _rotary_packed(q: Any, k: Any, cos: Any, sin: Any) -> Any:
     """rotary_embedding's packed [q_embed | k_embed] by Hugging Face's rotate-half formula."""
+    from ...backends.torch.rotary import rotation
 
-    def embed(x: Any) -> Any:
-        half = x.shape[-1] // 2
-        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-        return x * cos.unsqueeze(1) + rotated * sin.unsqueeze(1)
-
-    return torch.cat((embed(q).reshape(-1), embed(k).reshape(-1)))
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    return torch.cat([rotation(x, cos, sin, False, False).reshape(-1) for x in (q, k)])
 
 
 def _add_then(x: Any, residual: Any, norm: Callable[[Any], Any]) -> tuple[Any, Any]:
