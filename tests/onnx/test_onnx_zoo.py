@@ -19,6 +19,7 @@ from xpuruntime.bench.zoo_models import EXPORTERS, ZOO, max_abs_error  # noqa: E
 from xpuruntime.graph.ir import GraphError  # noqa: E402
 from xpuruntime.graph.passes import optimize  # noqa: E402
 from xpuruntime.onnx.semantics import ONNX_SEMANTICS  # noqa: E402
+from xpuruntime.ops.attention import mask_floor  # noqa: E402
 
 MATRIX = [(name, exporter, opset) for name in ZOO for exporter in EXPORTERS for opset in OPSETS]
 # Exports the exporter gets wrong: its opset-17 conversion of GPT-2 keeps Split-18's num_outputs attribute, which
@@ -144,7 +145,8 @@ def test_fused_graph_keeps_exporters_guard_for_rows_without_keys() -> None:
 def test_gpu_graphs_of_the_text_zoo_match_onnxruntime_with_add_norms_and_no_guard(name: str, monkeypatch) -> None:
     """Made for CUDA, the dynamo exports' residual adds run with their norms as add-norm nodes, Llama's rotary
     embeddings of q and k as one rotary_embedding node a layer, and the exporter's IsNaN guard after attention is gone (HF's finite finfo.min mask leaves no row without a key); through the GPU
-    path's PyTorch functions (CPU tensors) the outputs match onnxruntime at both signatures, left padding included."""
+    path's PyTorch functions (CPU tensors) the outputs match onnxruntime at both signatures, left padding included.
+    The attention nodes take the mask bounded (its fill raised to mask_floor)."""
     import onnx
 
     optimize_as_cuda(monkeypatch)
@@ -153,6 +155,10 @@ def test_gpu_graphs_of_the_text_zoo_match_onnxruntime_with_add_norms_and_no_guar
     counts = ours.graph.op_counts()
     assert counts.get("add_layer_norm", 0) + counts.get("add_rms_norm", 0) >= 4 and "IsNaN" not in counts, counts
     assert counts.get("rotary_embedding", 0) == (2 if name == "llama" else 0) and "Neg" not in counts, counts
+    producers = ours.graph.producers()
+    for attention in (n for n in ours.graph.nodes if n.op == "attention"):  # HF's finfo.min fill, raised
+        fill = ours.graph.constant(producers[attention.inputs[3]].inputs[2])
+        assert attention.attrs.get("bounded_mask") and fill.min() == mask_floor(str(fill.dtype)), attention
     reference = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
     for batch, side in signatures(name):
         inputs = feed(name, batch, side)

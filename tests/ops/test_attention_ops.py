@@ -345,3 +345,27 @@ def test_attention_heads_that_do_not_divide_are_refused_naming_the_argument() ->
         xrt.ops.attention(q, k2, k2)
     with pytest.raises(ShapeError, match=r"'k'.*dividing"):
         xrt.ops.attention(q, k3, k3, enable_gqa=True)
+
+
+def test_bounded_mask_is_a_bool_promise_that_changes_no_result() -> None:
+    """bounded_mask=True on a mask at or above mask_floor (HF's fill raised to it, left padding leaving rows that
+    see no key) gives what the op gives without it on the CPU kernels, and the float64 reference of the original
+    finfo.min mask; a value that is not a bool is refused naming the argument."""
+    from xpuruntime.ops.attention import mask_floor, reference
+
+    rng = np.random.default_rng(11)
+    q, k, v = (rng.standard_normal((2, 3, 6, 8)).astype(np.float32) for _ in range(3))
+    keep = np.tril(np.ones((6, 6), bool)) & (np.arange(6) >= np.array([[0], [3]])[:, None, :])[:, None]
+    low = np.where(keep, 0.0, np.finfo(np.float32).min).astype(np.float32)
+    bounded = np.maximum(low, np.float32(mask_floor("float32")))
+    assert mask_floor("float32") == np.finfo(np.float32).min / 2 and mask_floor("bfloat16") < -1.69e38
+    want = reference(q, k, v, low)
+    assert np.isfinite(want).all()
+    for kernel in ("math", "chunked"):
+        with xrt.kernel_policy(strict=True, attention=kernel):
+            got = xrt.ops.attention(q, k, v, bounded, bounded_mask=True)
+            plain = xrt.ops.attention(q, k, v, bounded)
+        np.testing.assert_array_equal(got, plain)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ArgumentError, match="bounded_mask"):
+        xrt.ops.attention(q, k, v, bounded, bounded_mask="yes")

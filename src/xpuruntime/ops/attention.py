@@ -1,9 +1,15 @@
-"""attention(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=False) with
+"""attention(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=False, *, bounded_mask=False) with
 F.scaled_dot_product_attention's semantics: q (..., L, E), k (..., S, E), v (..., S, Ev) -> (..., L, Ev); batch
 dims broadcast; a bool mask keeps True positions, a float mask is added to the scores; causal masking is aligned
 top-left. With enable_gqa=True, k and v may have fewer heads (axis -3, dividing q's; their other batch dims are
 q's): query head h reads key/value head h // (Hq // Hk) (grouped-query attention, as SDPA's enable_gqa).
-A query row that can see no key gives NaN (PyTorch's math backend gave NaN before 2.5, 0 since)."""
+A query row that can see no key gives NaN (PyTorch's math backend gave NaN before 2.5, 0 since).
+
+bounded_mask=True is the caller's promise that a float mask holds no value below `mask_floor(dtype)` (half the
+dtype's lowest; so no -inf, no row that sees no key): kernels then skip scanning the mask for such rows and for
+values their exp2 would overflow (two passes over the mask a call). A mask that breaks the promise may give wrong
+rows. The ONNX attention fusion gives it for Hugging Face's Where(keep, 0, finfo.min) masks, raising the fill to
+the floor (which changes no result: exp of so low a value is 0 beside a kept key, and equal fills average)."""
 
 from __future__ import annotations
 
@@ -100,9 +106,16 @@ def expand_heads(x: np.ndarray, group: int) -> np.ndarray:
     return x if group == 1 else np.repeat(x, group, axis=-3)
 
 
+def mask_floor(dtype: str) -> float:
+    """The lowest value a bounded_mask may hold: half the float dtype's lowest finite value."""
+    lowest = -3.3895313892515355e38 if dtype == "bfloat16" else float(np.finfo(dtype).min)
+    return lowest / 2
+
+
 def _normalize_attrs(ctx: DispatchContext) -> dict[str, Any]:
     q, k, v = check_qkv(ctx)
     gqa = check_bool(ctx, "enable_gqa")
+    bounded = check_bool(ctx, "bounded_mask")
     grouped = gqa and len(q) >= 3 and len(k) == len(q) and k[-3] != q[-3]
     if grouped:
         check_kv_batch(ctx, q, k, v, True)
@@ -111,8 +124,8 @@ def _normalize_attrs(ctx: DispatchContext) -> dict[str, Any]:
         batch = broadcast(ctx.op, [("q", q[:-2]), ("k", k[:-2]), ("v", v[:-2])])
     is_causal = check_bool(ctx, "is_causal")
     scale = check_mask_and_scale(ctx, batch, is_causal)
-    return {"is_causal": is_causal, "scale": scale, "enable_gqa": gqa, "batch": batch, "L": q[-2], "S": k[-2],
-            "group": q[-3] // k[-3] if grouped else 1}  # fmt: skip
+    return {"is_causal": is_causal, "scale": scale, "enable_gqa": gqa, "bounded_mask": bounded, "batch": batch,
+            "L": q[-2], "S": k[-2], "group": q[-3] // k[-3] if grouped else 1}  # fmt: skip
 
 
 def _infer_shape(ctx: DispatchContext) -> tuple[int, ...]:
@@ -132,9 +145,9 @@ def causal_mask(L: int, S: int) -> np.ndarray:
 
 def reference(
     q: Any, k: Any, v: Any, attn_mask: Any = None, is_causal: bool = False, scale: float | None = None,
-    enable_gqa: bool = False,
+    enable_gqa: bool = False, bounded_mask: bool = False,
 ) -> np.ndarray:  # fmt: skip
-    """float64 reference."""
+    """float64 reference (bounded_mask is a promise about the mask that changes no result)."""
     q, k, v = (np.asarray(t, np.float64) for t in (q, k, v))
     if enable_gqa and q.ndim >= 3 and k.ndim == q.ndim and k.shape[-3] != q.shape[-3]:
         k, v = (expand_heads(t, q.shape[-3] // k.shape[-3]) for t in (k, v))
@@ -155,8 +168,8 @@ ATTENTION = OpSchema(
     name="attention",
     inputs=("q", "k", "v", "attn_mask"),
     optional=frozenset({"attn_mask"}),
-    attrs=("is_causal", "scale", "enable_gqa"),
-    defaults={"is_causal": False, "scale": None, "enable_gqa": False},
+    attrs=("is_causal", "scale", "enable_gqa", "bounded_mask"),
+    defaults={"is_causal": False, "scale": None, "enable_gqa": False, "bounded_mask": False},
     normalize_attrs=_normalize_attrs,
     infer_dtype=check_dtypes,
     infer_shape=_infer_shape,
@@ -168,10 +181,10 @@ ATTENTION = OpSchema(
 
 def attention(
     q: Any, k: Any, v: Any, attn_mask: Any = None, dropout_p: float = 0.0, is_causal: bool = False,
-    scale: float | None = None, enable_gqa: bool = False, *, out: Any = None,
+    scale: float | None = None, enable_gqa: bool = False, *, bounded_mask: bool = False, out: Any = None,
 ) -> Any:  # fmt: skip
     """Scaled dot-product attention with F.scaled_dot_product_attention's arguments; dropout_p must be 0
-    (inference semantics: apply dropout outside the op)."""
+    (inference semantics: apply dropout outside the op). bounded_mask: see the module's docstring."""
     if not isinstance(dropout_p, numbers.Real) or isinstance(dropout_p, bool) or dropout_p != 0.0:
         raise argument_error(ArgumentError, "attention", "dropout_p", "0.0 (dropout is not supported)", clip(dropout_p))
-    return run("attention", (q, k, v, attn_mask), (is_causal, scale, enable_gqa), out)
+    return run("attention", (q, k, v, attn_mask), (is_causal, scale, enable_gqa, bounded_mask), out)

@@ -138,7 +138,8 @@ def exp2_safe_mask(mask: torch.Tensor | None) -> torch.Tensor | None:
 def _sdpa(args: ArgPack, backend: SDPBackend, mask: torch.Tensor | None = None) -> torch.Tensor:
     """SDPA with one backend (with `mask` instead of the call's own, given as the kernel reads it). Since
     PyTorch 2.5 the math backend (its _safe_softmax) gives 0 on a row that sees no key; the op gives NaN there
-    (as the reference, flash_v2 and the CPU kernels do), so such rows are set."""
+    (as the reference, flash_v2 and the CPU kernels do), so such rows are set, unless the mask is bounded (no
+    such row)."""
     q, k, v, given = args.inputs
     at = args.attrs
     grouped = {"enable_gqa": True} if at.get("group", 1) > 1 else {}  # fused backends decline it (_four_dims)
@@ -146,7 +147,7 @@ def _sdpa(args: ArgPack, backend: SDPBackend, mask: torch.Tensor | None = None) 
         result = F.scaled_dot_product_attention(
             q, k, v, attn_mask=given if mask is None else mask, is_causal=at["is_causal"], scale=at["scale"], **grouped
         )
-    if given is not None and given.numel():
+    if given is not None and given.numel() and not at["bounded_mask"]:
         result.masked_fill_(_blind_rows(given), float("nan"))
     return returned(args, result)
 
@@ -172,7 +173,8 @@ def attention_torch_flash(args: ArgPack) -> torch.Tensor:
 )  # fmt: skip
 def attention_torch_efficient(args: ArgPack) -> torch.Tensor:
     """SDPA with only PyTorch's memory-efficient (xFormers) backend; takes masks (see exp2_safe_mask)."""
-    return _sdpa(args, SDPBackend.EFFICIENT_ATTENTION, exp2_safe_mask(args.inputs[3]))
+    mask = args.inputs[3]
+    return _sdpa(args, SDPBackend.EFFICIENT_ATTENTION, mask if args.attrs["bounded_mask"] else exp2_safe_mask(mask))
 
 
 @kernel(

@@ -207,7 +207,8 @@ def attention_flash_v2(args: ArgPack) -> None:
     at = args.attrs
     b4 = _batch4(at["batch"])
     out = _view4(as_torch(args.out))
-    mask4 = _mask4(exp2_safe_mask(mask), b4, at["L"], at["S"])  # the kernel too adds the mask times log2(e)
+    safe = mask if at["bounded_mask"] else exp2_safe_mask(mask)  # the kernel too adds the mask times log2(e)
+    mask4 = _mask4(safe, b4, at["L"], at["S"])
     kv_batch = at["batch"] if at.get("group", 1) == 1 else None  # grouped: k and v keep their own heads
     q4, k4, v4 = _view4(q, at["batch"]), _view4(k, kv_batch), _view4(v, kv_batch)
     cfg = _forward_config(args, q4, k4, v4, out, mask4)

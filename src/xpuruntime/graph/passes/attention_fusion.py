@@ -12,7 +12,10 @@ with a finite fill (HF's finfo.min) stays an additive mask in the model's dtype,
 averages v as the graph did. With the guard, the fused output gets it instead: a row whose keys are all masked
 (-inf) comes out NaN from the op and 0 from the guard, as from the graph. Under a finite fill no row is all -inf,
 so the guard is dropped (two kernels a layer on the GPU): it could then only zero the rows that NaN or infinite q,
-k or v turn NaN, which stay NaN.
+k or v turn NaN, which stay NaN. Such a mask is also given as `bounded_mask` (no value below mask_floor: the kernels
+skip their per-call scans of it), its fill raised to the floor where it was lower (a new Where, made once per mask
+for all the layers that read it): no result changes (the exp of either fill is 0 beside a kept key, and a row of
+fills averages v either way).
 
 K comes from K^T: the input of a Transpose that swapped the last two axes (with any permutation before them, a new
 Transpose undoing the rest); the dynamo exporter's Reshape(Transpose(Reshape(k, [-1, S, D]), [0, 2, 1]), [..., D, S]),
@@ -25,6 +28,9 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+import numpy as np
+
+from ...ops.attention import mask_floor
 from ..ir import Graph, Node, Value
 from .util import matches, only_consumer, other_input, remove, scalar
 
@@ -182,19 +188,40 @@ def _match(graph: Graph, softmax: Node, producers: dict, consumers: dict) -> tup
     if op_mask is None:
         return None
     found = _where_fill(graph, mask, producers) if op_mask == mask else None
-    guarded = guarded and not (found is not None and math.isfinite(found[1]))  # a finite fill: no row of -inf
+    bounded = found is not None and math.isfinite(found[1])  # a finite fill: no row of -inf
+    guarded = guarded and not bounded
     nodes = [*q_scale, *k_scale, *matched, softmax, *guard, out]
-    return q, kt, v, op_mask, a * b * post, guarded, out, nodes
+    return q, kt, v, op_mask, a * b * post, guarded, bounded, out, nodes
 
 
-def _fuse(graph: Graph, found: tuple, key: tuple[str, Node | None]) -> None:
-    q, _, v, mask, scale, guarded, out, nodes = found
+def _bounded_mask(graph: Graph, mask: str, made: dict[str, str]) -> str:
+    """Where(keep, 0, fill) itself when its fill is at or above mask_floor, else a new Where(keep, 0, floor), made
+    once per mask (`made`)."""
+    where = graph.producers()[mask]
+    fill = graph.constant(where.inputs[2])
+    floor = mask_floor(graph.value(mask).dtype)
+    if float(fill.reshape(-1)[0]) >= floor:
+        return mask
+    if mask not in made:
+        raised = graph.add_constant("attention_mask_floor", np.full_like(fill, floor))
+        made[mask] = graph.fresh_name("attention_mask")
+        typed = graph.value(mask)
+        graph.set_value(Value(made[mask], typed.dtype, typed.shape))
+        graph.nodes.append(Node("Where", [where.inputs[0], where.inputs[1], raised], [made[mask]], {},
+                                graph.fresh_name("AttentionMask")))  # fmt: skip
+    return made[mask]
+
+
+def _fuse(graph: Graph, found: tuple, key: tuple[str, Node | None], made: dict[str, str]) -> None:
+    q, _, v, mask, scale, guarded, bounded, out, nodes = found
     k, transpose = key
     result = out.outputs[0]
     added = [] if transpose is None else [transpose]
     target = graph.fresh_name("attention") if guarded else result
-    added.append(Node("attention", [q, k, v, mask], [target], {"is_causal": False, "scale": float(scale)},
-                      graph.fresh_name("Attention"), "xrt"))  # fmt: skip
+    attrs = {"is_causal": False, "scale": float(scale)}
+    if bounded:
+        mask, attrs["bounded_mask"] = _bounded_mask(graph, mask, made), True
+    added.append(Node("attention", [q, k, v, mask], [target], attrs, graph.fresh_name("Attention"), "xrt"))
     if guarded:  # rows that saw no key: NaN from the op, 0 from the graph's guard
         typed = graph.value(result)
         graph.set_value(Value(target, typed.dtype, typed.shape))
@@ -211,11 +238,12 @@ def run(graph: Graph, ctx: PassContext) -> int:
     if not ctx.has_op("attention"):
         return 0
     changes = 0
+    made: dict[str, str] = {}  # a mask -> its Where with the fill raised to mask_floor
     for _, found in matches(graph, ("Softmax",), _match):
         key = _key(graph, found[1], graph.producers())
         if key is None:
             continue
-        _fuse(graph, found, key)
+        _fuse(graph, found, key, made)
         graph.nodes = graph.toposort()
         changes += 1
     return changes
