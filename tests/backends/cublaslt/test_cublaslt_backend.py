@@ -218,6 +218,18 @@ def test_host_cost_threshold_is_consistent():
     assert lt.estimated_gpu_us("bfloat16", 128, 128, 128, 3 * 128 * 128 * 2) < lt.MIN_GPU_US
 
 
+def test_size_rule_counts_the_sms_a_small_output_leaves_idle():
+    """A fp32 (128, 768) output fills 24 of 132 SMs: BERT's and GPT-2's B1 projections (12-25 µs on the GPU) are
+    cuBLASLt's, while fp16 at the same shape (~1 µs) and a fp32 GEMV stay below the host cost; a large output
+    is the plain roofline."""
+    fp32 = lt.estimated_gpu_us("float32", 128, 768, 768, 4 * (128 * 768 * 2 + 768 * 768))
+    assert fp32 > lt.MIN_GPU_US and fp32 == pytest.approx(2 * 128 * 768 * 768 / (50e6 * 24 / 132))
+    assert lt.estimated_gpu_us("float16", 128, 768, 768, 2 * (128 * 768 * 2 + 768 * 768)) < lt.MIN_GPU_US
+    assert lt.estimated_gpu_us("float32", 1, 768, 768, 4 * 768 * 770) < lt.MIN_GPU_US
+    big = 2 * 4096 * 4096 * 4096 / (700 * 1e6)
+    assert lt.estimated_gpu_us("float16", 4096, 4096, 4096, 3 * 4096 * 4096 * 2) == pytest.approx(big)
+
+
 # -- on the GPU -------------------------------------------------------------------------------------------
 def _gpu_ready() -> None:
     if BACKEND.unavailable_reason:

@@ -20,6 +20,7 @@ pointers were, so a later, less aligned pointer needs its own plan).
 from __future__ import annotations
 
 import itertools
+import math
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
@@ -39,6 +40,7 @@ WORKSPACE_BYTES = WORKSPACE_LIMIT + 256  # nvmath adds 16 bytes for epilogues
 MIN_GPU_US = 8.0
 PEAK_TFLOPS = {"float16": 700.0, "bfloat16": 700.0, "float32": 50.0}  # rough H100 rates for the estimate
 PEAK_TBPS = 3.0
+TILE, SM_COUNT = 64, 132  # a GEMM's output tile side and the H100's SMs, for the estimate's occupancy
 MAX_PLANS = 256
 
 
@@ -123,8 +125,12 @@ def check_common(ctx: DispatchContext) -> list[str]:
 
 
 def estimated_gpu_us(dtype: str, m: int, n: int, k: int, nbytes: int) -> float:
-    """Roofline estimate of a GEMM's device time (µs)."""
-    return max(2.0 * m * n * k / (PEAK_TFLOPS.get(dtype, 50.0) * 1e6), nbytes / (PEAK_TBPS * 1e6))
+    """Roofline estimate of a GEMM's device time (µs), the peak rate scaled by the share of the SMs that its
+    output tiles can keep busy: a (128, 768) fp32 output is 24 tiles of 64x64 on 132 SMs, and runs for
+    ~12-25 µs on an H100 where the unscaled roofline said 3 (cuBLAS at BERT's and GPT-2's B1 shapes,
+    benchmarks/probes/fp32_gemm_gpu.py)."""
+    busy = min(1.0, math.ceil(m / TILE) * math.ceil(n / TILE) / SM_COUNT)
+    return max(2.0 * m * n * k / (PEAK_TFLOPS.get(dtype, 50.0) * 1e6 * busy), nbytes / (PEAK_TBPS * 1e6))
 
 
 def check_size(ctx: DispatchContext, m: int, n: int, k: int) -> list[str]:
