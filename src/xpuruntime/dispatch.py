@@ -154,7 +154,7 @@ class Dispatcher:
         except Exception as exc:
             raise _launch_error(plan, exc) from exc
         if out is None:  # a returns_output kernel called without out=: its return value is the result
-            out = _returned_output(plan, returned) if hit else _checked_output(plan, returned)
+            out = _returned_output(plan, returned) if hit else checked_output(plan, returned)
         elif tensor_out:
             mark_written(out)
         if plan.schema.buffers:
@@ -300,7 +300,7 @@ def _check_fits(ctx: DispatchContext, kernel: KernelSpec, workspace_bytes: int) 
         check_bytes(f"{ctx.op}: workspace of kernel '{kernel.name}'", workspace_bytes, ctx.device)
 
 
-def _checked_output(plan: Plan, returned: Any) -> Any:
+def checked_output(plan: Plan, returned: Any) -> Any:
     """A returns_output kernel's result at a plan's first launch: the array (or tuple) the op's schema says,
     else a LaunchError naming the kernel. Later launches of the plan only refuse None (as the C hit path)."""
     returned = _returned_output(plan, returned)

@@ -191,3 +191,55 @@ def test_planning_a_signature_computes_each_step_once(monkeypatch) -> None:
         for _ in range(runs):
             check_reference(sess, model, {"x": x})
         assert len(calls) == runs, f"{rows} rows: the Gemm ran {len(calls)} times in {runs} run(s)"
+
+
+def _returning_registry(results: list, outs: list):
+    """A registry whose only softmax kernel is declared returns_output: it records the out= it was given and
+    returns the array in `results` (or a new one)."""
+    import dataclasses
+
+    from xpuruntime.ops.softmax import reference
+    from xpuruntime.registry import Registry, default_registry
+
+    default = default_registry()
+    registry = Registry()
+    for schema in default.ops.values():
+        registry.register_op(schema)
+    registry.register_backend(default.backends["cpu"])
+
+    def launch(args):
+        outs.append(args.out)
+        result = results.pop(0) if results else reference(args.inputs[0]).astype(np.float32)
+        if args.out is not None and result is not None:
+            args.out[...] = result
+        return result
+
+    numpy_kernel = default.kernel("softmax", "numpy")
+    registry.register_kernel(dataclasses.replace(numpy_kernel, name="returning", launch=launch, returns_output=True))
+    return registry
+
+
+def test_a_returning_kernels_step_keeps_its_result_without_a_copy() -> None:
+    """A kernel step whose kernel is declared returns_output (PyTorch's SDPA backends on the GPU path) launches
+    with out=None where the plan lends no buffer, and the node's output is the very array the kernel returned (no
+    new array, no copy); a result of the wrong shape is refused on the first run, naming the kernel."""
+    from xpuruntime.dispatch import Dispatcher
+    from xpuruntime.errors import LaunchError
+    from xpuruntime.graph.ir import Node
+    from xpuruntime.onnx.executor import _kernel_step
+
+    x = randn(RNG, 3, 5)
+    mine = np.full((3, 5), 0.5, np.float32)
+    results, outs = [mine], []
+    dispatcher = Dispatcher(_returning_registry(results, outs))
+    plan = dispatcher.plan("softmax", x)
+    step = _kernel_step(Node("softmax", ["x"], ["y"], {}, "s", "xrt"), [1], (2,), plan, 1, dispatcher)
+    env = [None, x, None]
+    step.run(env)
+    assert env[2] is mine and outs == [None]
+    step.run(env)  # later runs: the kernel's new array each time
+    np.testing.assert_allclose(env[2], np.exp(x) / np.exp(x).sum(-1, keepdims=True), rtol=1e-6)
+    results.append(np.zeros((2, 5), np.float32))
+    fresh = _kernel_step(Node("softmax", ["x"], ["y"], {}, "s", "xrt"), [1], (2,), plan, 1, dispatcher)
+    with pytest.raises(LaunchError, match="returning"):
+        fresh.run([None, x, None])

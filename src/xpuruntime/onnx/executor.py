@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from ..abi import ArgPack
-from ..dispatch import Dispatcher
+from ..dispatch import Dispatcher, checked_output
 from ..errors import UnsupportedByPolicyError, XpuRuntimeError
 from ..graph.ir import Graph, Node
 from .errors import NodeExecutionError, OutputTooLargeError
@@ -490,7 +490,11 @@ def _kernel_step(
     """A launch of the planned kernel; with `flat`, a MatMul's (..., K) input is viewed as (M, K) and the
     (M, N) result as (..., N); with `nhwc`, the inputs as NHWC and the NHWC result as NCHW; `buffers` pairs the
     op's buffer inputs with the output slots they fill (new arrays each run); with `stored`, the output is a
-    view of a new array in that order."""
+    view of a new array in that order. A `returns_output` kernel (PyTorch's SDPA backends) without a reused
+    buffer gives its own result, in its own layout, instead of a copy of it into a new array: the memory-
+    efficient kernel's output is already stored (B, L, H, D), the order `stored` asks for."""
+    if plan.returns_output and not (flat or nhwc):
+        return _returning_step(node, ins, outs, plan, arity, dispatcher, buffers)
     step = Step(node, "kernel", tuple(ins), outs, plan=plan, flat=flat, nhwc=nhwc, buffers=buffers, stored=stored)
     padded = (*ins, *(0,) * (arity - len(ins)))  # slot 0 always holds None: optional inputs left out
     (o,) = outs[:1]
@@ -525,6 +529,44 @@ def _kernel_step(
             env[o] = out
         if finish is not None:
             finish(stream)
+
+    step.run = run
+    return step
+
+
+def _returning_step(
+    node: Node, ins: list[int], outs: tuple, plan: Any, arity: int, dispatcher: Dispatcher,
+    buffers: tuple[tuple[int, int], ...],
+) -> Step:  # fmt: skip
+    """A launch of a returns_output kernel: into the step's reused buffer where the plan has one (CPU arenas),
+    else out=None and the kernel's result (checked against the schema on the first run) is the output."""
+    step = Step(node, "kernel", tuple(ins), outs, plan=plan, buffers=buffers)
+    padded = (*ins, *(0,) * (arity - len(ins)))
+    (o,) = outs[:1]
+    launch, attrs, config = plan.launch, plan.attrs, plan.config
+    current_stream, finish, workspace_bytes, lend = (
+        plan.current_stream,
+        plan.finish,
+        plan.workspace_bytes,
+        dispatcher.workspaces.lend,
+    )
+    checked = False
+
+    def run(env: list) -> None:
+        nonlocal checked
+        stream = None if current_stream is None else current_stream(plan.device)
+        out = env[step.buffer_slot]
+        workspace = lend(workspace_bytes, plan.device, plan.empty, stream) if workspace_bytes else None
+        inputs = [env[i] for i in padded]
+        for position, slot in buffers:
+            inputs[position] = env[slot] = empty_like(inputs[0])
+        returned = launch(ArgPack(tuple(inputs), out, attrs, config, workspace, stream))
+        if finish is not None:
+            finish(stream)
+        if out is None:
+            out = returned if checked else checked_output(plan, returned)
+            checked = True
+        env[o] = out
 
     step.run = run
     return step

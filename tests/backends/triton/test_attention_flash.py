@@ -465,7 +465,7 @@ def test_sdpa_math_gives_nan_on_rows_that_see_no_key(kind) -> None:
     keep[1, 2] = False
     keep[0, 4] = False
     mask = torch.tensor(keep) if kind == "bool" else torch.where(torch.tensor(keep), 0.0, float("-inf"))
-    attrs = {"is_causal": False, "scale": 0.4, "batch": (2, 3), "L": 5, "S": 7}
+    attrs = {"is_causal": False, "scale": 0.4, "bounded_mask": False, "batch": (2, 3), "L": 5, "S": 7}
     launch = default_registry().kernel("attention", "torch_math").launch
     ref = attention_reference(q.double().numpy(), k.double().numpy(), v.double().numpy(), keep, False, 0.4)
     out = launch(ArgPack((q, k, v, mask), None, attrs, LaunchConfig()))
@@ -473,6 +473,27 @@ def test_sdpa_math_gives_nan_on_rows_that_see_no_key(kind) -> None:
     poisoned = torch.full((2, 3, 5, 8), float("nan"))
     assert launch(ArgPack((q, k, v, mask), poisoned, attrs, LaunchConfig())) is poisoned
     assert_close(poisoned.numpy(), ref, "float32", 1e-5)
+
+
+def test_sdpa_math_takes_a_bounded_mask_as_it_is() -> None:
+    """With bounded_mask=True (the fusion's HF mask, fill raised to mask_floor) torch_math runs SDPA on the mask as
+    given, without the blind-row scan: rows whose keys all hold the floor average v, as the float64 reference
+    of that mask does."""
+    from xpuruntime.ops.attention import mask_floor
+
+    rng = np.random.default_rng(5)
+    q, k, v = (torch.tensor(rng.standard_normal((2, 3, n, 8)), dtype=torch.float32) for n in (5, 7, 7))
+    keep = rng.random((2, 1, 5, 7)) > 0.3
+    keep[..., 0] = True
+    keep[1, 0, 2] = False  # a row that sees no key
+    floor = mask_floor("float32")
+    mask = torch.where(torch.tensor(keep), 0.0, floor)
+    attrs = {"is_causal": False, "scale": 0.4, "bounded_mask": True, "batch": (2, 3), "L": 5, "S": 7}
+    launch = default_registry().kernel("attention", "torch_math").launch
+    ref = attention_reference(*(t.double().numpy() for t in (q, k, v)), mask.double().numpy(), False, 0.4)
+    np.testing.assert_allclose(ref[1, :, 2], v[1].double().numpy().mean(axis=1), rtol=1e-12)
+    out = launch(ArgPack((q, k, v, mask), None, attrs, LaunchConfig()))
+    assert_close(out.numpy(), ref, "float32", 1e-5)
 
 
 @pytest.mark.skipif(not ON_GPU, reason="PyTorch's CUDA SDPA backends")
