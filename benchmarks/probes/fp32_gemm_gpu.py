@@ -5,7 +5,8 @@ shapes under each way our plans and torch.compile call it, device time per call 
 
 Ways: addmm with W (N, K) contiguous and transposed (what compile and linear/torch run for nn.Linear, cuBLAS "tn"),
 addmm with W^T (K, N) contiguous ("nn", GPT-2's Conv1D), and the `linear` op under the policies torch and cublasLt.
-Prints per shape the device µs per call and the kernels each way launches.
+Prints per shape the device µs per call and the kernels each way launches; then cuBLASLt through nvmath with its
+heuristic's first algorithm against the fastest after nvmath's autotune (Matmul.autotune), outside graphs.
 """
 
 from __future__ import annotations
@@ -79,6 +80,34 @@ def _ways(m: int, k: int, n: int) -> dict:
     }
 
 
+def _nvmath_times(m: int, k: int, n: int) -> str:
+    """Device µs a call (events around 50 back-to-back executions) of y = x W^T + b through nvmath's Matmul with
+    the BIAS epilogue: the heuristic's first algorithm, then the autotuned order's first."""
+    from nvmath.linalg.advanced import Matmul, MatmulComputeType, MatmulEpilog
+
+    x, w, b = torch.randn(m, k, device="cuda"), torch.randn(n, k, device="cuda"), torch.randn(n, device="cuda")
+    mm = Matmul(w, x.t(), options={"compute_type": MatmulComputeType.COMPUTE_32F})  # y^T = W x^T, as ours
+    mm.plan(epilog=MatmulEpilog.BIAS, epilog_inputs={"bias": b})
+
+    def timed() -> float:
+        for _ in range(3):
+            mm.execute()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(50):
+            mm.execute()
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end) * 1000 / 50
+
+    first = timed()
+    mm.autotune(iterations=5)
+    tuned = timed()
+    count = len(mm.algorithms)
+    mm.free()
+    return f"  nvmath heuristic {first:8.2f} us, autotuned {tuned:8.2f} us ({count} algorithms)"
+
+
 def main() -> None:
     rows = [int(a) for a in sys.argv[1:]] or [128, 4096]
     torch.manual_seed(0)
@@ -88,6 +117,7 @@ def main() -> None:
             print(f"\nM={m} K={k} N={n}")
             for name, replay in replays.items():
                 print(f"  {name:16s} {_device_us(replay):8.2f} us   {_kernels(replay)}")
+            print(_nvmath_times(m, k, n))
 
 
 if __name__ == "__main__":

@@ -348,7 +348,23 @@ def test_matmul_packing_makes_one_gemm_and_a_split(biased: bool) -> None:
     ops = [n.op for n in out.nodes]
     assert ops == ["MatMul", *(["Add"] if biased else []), "Split", "Reshape", "Reshape", "Reshape"]
     assert out.constant(out.nodes[0].inputs[1]).shape == (6, 14)
-    assert matmul_packing.run(g.copy(), PassContext(ctx().available_ops, "cuda")) == 0  # CPU graphs only
+    assert matmul_packing.run(g.copy(), PassContext(ctx().available_ops, "cuda")) == 1  # GPU graphs alike
+
+
+def test_matmul_packing_stacks_the_linears_of_gpu_graphs() -> None:
+    """On a GPU graph the linear fusion has made the biased projections `linear` nodes ((N, K) weights): the three
+    reading x become one linear on the stacked weights and biases, then a Split; outputs unchanged."""
+    nodes, consts = projections(True)
+    outputs = [vi("q", [2, 3, 2, 2]), vi("k", [2, 3, 2, 2]), vi("v", [2, 3, 2, 3])]
+    g = model(nodes, [vi("x", [2, 3, 6])], outputs, consts)
+    cuda = PassContext(ctx().available_ops, "cuda", ONNX_SEMANTICS)
+    assert linear_fusion.run(g, cuda) == 3
+    out = check_pass(
+        g, lambda graph, _: matmul_packing.run(graph, cuda), {"x": rng.standard_normal((2, 3, 6)).astype(np.float32)}
+    )
+    assert [n.op for n in out.nodes] == ["linear", "Split", "Reshape", "Reshape", "Reshape"]
+    weight, bias = (out.constant(name) for name in out.nodes[0].inputs[1:])
+    assert weight.shape == (14, 6) and bias.shape == (14,)
 
 
 def test_matmul_packing_leaves_lone_or_mismatched_matmuls() -> None:

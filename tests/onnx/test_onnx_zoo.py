@@ -146,7 +146,8 @@ def test_gpu_graphs_of_the_text_zoo_match_onnxruntime_with_add_norms_and_no_guar
     """Made for CUDA, the dynamo exports' residual adds run with their norms as add-norm nodes, Llama's rotary
     embeddings of q and k as one rotary_embedding node a layer, and the exporter's IsNaN guard after attention is gone (HF's finite finfo.min mask leaves no row without a key); through the GPU
     path's PyTorch functions (CPU tensors) the outputs match onnxruntime at both signatures, left padding included.
-    The attention nodes take the mask bounded (its fill raised to mask_floor)."""
+    The attention nodes take the mask bounded (its fill raised to mask_floor); the projections reading one
+    activation are packed into one linear (BERT) or MatMul (Llama), split after."""
     import onnx
 
     optimize_as_cuda(monkeypatch)
@@ -155,6 +156,8 @@ def test_gpu_graphs_of_the_text_zoo_match_onnxruntime_with_add_norms_and_no_guar
     counts = ours.graph.op_counts()
     assert counts.get("add_layer_norm", 0) + counts.get("add_rms_norm", 0) >= 4 and "IsNaN" not in counts, counts
     assert counts.get("rotary_embedding", 0) == (2 if name == "llama" else 0) and "Neg" not in counts, counts
+    packed = {r.name: r.changes for r in ours.pass_summary}.get("matmul_packing", 0)
+    assert packed == {"bert": 2, "gpt2": 0, "llama": 4}[name], packed  # QKV (GPT-2's come packed); Llama's gate/up
     producers = ours.graph.producers()
     for attention in (n for n in ours.graph.nodes if n.op == "attention"):  # HF's finfo.min fill, raised
         fill = ours.graph.constant(producers[attention.inputs[3]].inputs[2])
