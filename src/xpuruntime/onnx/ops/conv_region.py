@@ -2,10 +2,17 @@
 products and pools run as PyTorch tensors in channels-last layout, the convolutions through oneDNN with weights
 reordered once per input shape (`torch.ops.mkldnn._reorder_convolution_weight`, as inductor's CPU code does) and the
 FusedConv's activation applied by oneDNN as a post-op; a residual Add (and the Relu after it) is summed into the
-convolution that feeds it (`_residuals`). A 1x1 convolution of a 1x1 image (squeeze-excite's) is a matrix product
-instead (`torch.addmm`, 9-45 us on one core where oneDNN takes 50-70 us: oneDNN's cost there is mostly building
-the primitive's descriptor, which it does on every call). The region's inputs are made channels-last once on the way
-in and NCHW once on the way out; PyTorch's elementwise ops keep the layout in between.
+convolution that feeds it (`_residuals`). A 1x1 convolution over at most PRODUCT_ROWS output pixels (squeeze-excite's
+over the pooled 1x1 image; MobileNetV3's pointwise ones at batch 1 from 28x28 down, at batch 8 at 7x7) is a matrix
+product of the channels-last pixels instead, (N*H*W, C) @ W^T (`torch.addmm`; a residual summed in by `addmm_`):
+oneDNN builds the primitive's descriptor on every call, 30-45 us of host time on one core (a 64-channel 1x1
+convolution of a 4x4 image: 48 us, addmm 18 us); over more pixels its fused bias and activation win (one pass over an
+output that outgrows the cache: at batch 8, addmm and the activation after it took 2-9% longer at 14x14 and 8-87%
+from 28x28 up). With the region run in inference mode (no autograd dispatch: about 2 us less a call), the zoo's
+MobileNetV3 on one core went from 0.57-0.59x onnxruntime's speed to 0.62-0.64x at batch 1, 0.77-0.81x to
+0.80-0.83x at batch 8 (runs interleaved with onnxruntime's and the old form's, 3 processes, a loaded 2-core host).
+The region's inputs are made channels-last once on the way in and NCHW once on the way out; PyTorch's elementwise ops
+keep the layout in between.
 
 The region runs as a list of steps, one call into PyTorch each with its arguments bound, made once per input
 signature (the inputs' shapes and the identity of the weight arrays): the first run at a signature decides from
@@ -20,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -51,6 +59,7 @@ UNARY: dict[str, Callable[[Node], Callable[[Any], Any]]] = {  # op -> (node -> i
     "GlobalAveragePool": lambda node: lambda x: x.mean((2, 3), keepdim=True),
 }
 BINARY = {"Add": ("add", "add_"), "Mul": ("mul", "mul_")}  # PyTorch's functions: (out of place, in place)
+PRODUCT_ROWS = 1024  # a 1x1 convolution over at most this many output pixels is a matrix product (module docstring)
 MAX_SHAPES = 8  # input signatures whose steps (and reordered weights) a region keeps, the oldest dropped past this
 
 
@@ -68,7 +77,7 @@ def conv_region(node: Node, opset: int) -> Fn:
 
     def run(*arrays: np.ndarray) -> tuple[np.ndarray, ...]:
         values: list[Any] = [None] * len(slots)
-        with torch.no_grad():
+        with torch.inference_mode():  # no autograd dispatch (under no_grad its boxed fallback ran for each mkldnn op)
             for i, slot in fed:
                 values[slot] = _channels_last(host_tensor(arrays[i]))  # float32: the pass's regions are
             key = (*(arrays[i].shape for i, _ in fed), *(id(arrays[i]) for i, _ in weights))
@@ -234,9 +243,17 @@ class _Conv:
         return None if b is None else torch.from_numpy(np.array(b, np.float32))
 
     def is_product(self, xt: Any, given: dict[str, np.ndarray]) -> bool:
-        """Whether it is a matrix product: a 1x1 kernel over a 1x1 image, one group, no padding."""
-        w = given[self.w]
-        return w.shape[2:] == (1, 1) and xt.shape[2:] == (1, 1) and self.group == 1 and self.pads == [0, 0]
+        """Whether it runs as a matrix product: a 1x1 kernel, one group, no padding, stride 1 (or a 1x1 image), and
+        at most PRODUCT_ROWS output pixels (module docstring)."""
+        w, spatial = given[self.w], tuple(xt.shape[2:])
+        if w.shape[2:] != (1, 1) or self.group != 1 or self.pads != [0, 0]:
+            return False
+        return spatial == (1, 1) or (self.strides == [1, 1] and xt.shape[0] * math.prod(spatial) <= PRODUCT_ROWS)
+
+    def matrix(self, given: dict[str, np.ndarray]) -> Any:
+        """A 1x1 convolution's weight as the (C, M) matrix W^T (contiguous) that the pixels multiply."""
+        w = np.asarray(given[self.w], np.float32)
+        return torch.from_numpy(np.ascontiguousarray(w.reshape(w.shape[0], -1).T))
 
     def out_shape(self, xt: Any, given: dict[str, np.ndarray]) -> tuple[int, ...]:
         w = given[self.w]
@@ -304,15 +321,29 @@ def _converting(step: Step, slots: tuple[int, ...]) -> Step:
     return converting
 
 
+def _pixels(t: Any) -> Any:
+    """A channels-last (N, C, H, W) tensor as its (N*H*W, C) matrix of pixels (a view; a copy in another layout)."""
+    return t.permute(0, 2, 3, 1).reshape(-1, t.shape[1])
+
+
+def _matrix_views(out_shape: tuple[int, ...]) -> tuple[Callable[[Any], Any], Callable[[Any], Any]]:
+    """(an input tensor -> its pixel matrix, the product's (N*H*W, M) matrix -> the channels-last output of
+    `out_shape`); over 1x1 images both are one reshape (squeeze-excite's products run at every block)."""
+    n, m, *spatial = out_shape
+    if spatial == [1, 1]:
+        return (lambda t: t.reshape(n, -1)), (lambda y: y.view(n, m, 1, 1))
+    pixels = (n, *spatial, m)
+    return _pixels, (lambda y: y.view(pixels).permute(0, 3, 1, 2))
+
+
 def _product_step(conv: _Conv, xt: Any, given: dict[str, np.ndarray], activation: str | None, params: list) -> Step:
-    """A 1x1 convolution of a 1x1 image as x @ W^T + b (torch.addmm), then its activation in place."""
-    w = np.asarray(given[conv.w], np.float32)
-    wt = torch.from_numpy(np.ascontiguousarray(w.reshape(w.shape[0], -1).T))
-    b, x, out = conv.bias(given), conv.x, conv.out
-    rows, shape = (xt.shape[0], w.shape[1]), (xt.shape[0], w.shape[0], 1, 1)
+    """A 1x1 convolution as a matrix product of the channels-last pixels, (N*H*W, C) @ W^T + b (torch.addmm), then
+    its activation in place; the (N*H*W, M) result viewed back as a channels-last (N, M, H, W) tensor."""
+    wt, b, x, out = conv.matrix(given), conv.bias(given), conv.x, conv.out
+    rows, image = _matrix_views(conv.out_shape(xt, given))
     product = torch.mm if b is None else functools.partial(torch.addmm, b)
     act = _in_place(activation, params)
-    return lambda values: values.__setitem__(out, act(product(values[x].reshape(rows), wt)).view(shape))
+    return lambda values: values.__setitem__(out, image(act(product(rows(values[x]), wt))))
 
 
 def _in_place(activation: str | None, params: list[float]) -> Callable[[Any], Any]:
@@ -349,41 +380,73 @@ def _residuals(body: Any, spare: set[str]) -> dict[int, tuple[Node, Node, Node |
 
 
 def _residual_maker(conv_node: Node, add: Node, relu: Node | None, free: set[str], slots: dict[str, int]) -> Maker:
-    """conv(x) + other (+ Relu) in one oneDNN call, into `other` when it may be overwritten and the convolution
-    does not read it; other shapes (a broadcast) take the separate operations."""
+    """conv(x) + other (+ Relu) in one step (a matrix product where `_Conv.is_product`, else one oneDNN call), into
+    `other` when it may be overwritten and the convolution does not read it; other shapes (a broadcast) take the
+    separate operations."""
     conv = _Conv(conv_node, slots)
     name = next(name for name in add.inputs[:2] if name != conv_node.outputs[0])
-    x, other, out = conv.x, slots[name], slots[(add if relu is None else relu).outputs[0]]
-    unary, in_place, (pads, strides, dilations, group) = ("relu" if relu else None), name in free, conv.geometry
-    in_place = in_place and name not in conv_node.inputs
+    other, out = slots[name], slots[(add if relu is None else relu).outputs[0]]
+    in_place = name in free and name not in conv_node.inputs
 
     def make(values: list, given: dict[str, np.ndarray]) -> Step:
-        converted = _to_channels_last(values, (x, other))
-        w, b = conv.packed(values[x], given)
-        if tuple(values[other].shape) != conv.out_shape(values[x], given):
-            fn, post = torch.ops.mkldnn._convolution_pointwise, torch.relu_ if relu else (lambda y: y)
-
-            def step(values: list) -> None:
-                y = fn(values[x], w, b, pads, strides, dilations, group, "none", [], "") + values[other]
-                values[out] = post(y)
-
-        elif in_place:  # into the summand (read only here)
-            summed = torch.ops.mkldnn._convolution_pointwise_.binary
-
-            def step(values: list) -> None:
-                values[out] = summed(values[other], values[x], w, b, pads, strides, dilations, group, "add", 1.0,
-                                     unary, [], None)  # fmt: skip
-
+        converted = _to_channels_last(values, (conv.x, other))
+        xt = values[conv.x]
+        if tuple(values[other].shape) == conv.out_shape(xt, given) and conv.is_product(xt, given):
+            step = _product_residual_step(conv, xt, given, (other, out), in_place, relu is not None)
         else:
-            summed = torch.ops.mkldnn._convolution_pointwise.binary
-
-            def step(values: list) -> None:
-                values[out] = summed(values[x], values[other], w, b, pads, strides, dilations, group, "add", 1.0,
-                                     unary, [], None)  # fmt: skip
-
+            step = _onednn_residual_step(conv, values, given, (other, out), in_place, relu is not None)
         return _converting(step, converted) if converted else step
 
     return make
+
+
+def _product_residual_step(conv: _Conv, xt: Any, given: dict, slots: tuple[int, int], in_place: bool,
+                           relu: bool) -> Step:  # fmt: skip
+    """other + b + x @ W^T (+ Relu) on the pixel matrices: the summand plus the bias (in place when it may be
+    overwritten), then the product added into it (torch.Tensor.addmm_)."""
+    wt, b, x, (other, out) = conv.matrix(given), conv.bias(given), conv.x, slots
+    rows, image = _matrix_views(conv.out_shape(xt, given))
+    if b is None:
+        start = (lambda z: z) if in_place else torch.clone
+    else:
+        start = functools.partial(torch.Tensor.add_, other=b) if in_place else functools.partial(torch.add, other=b)
+    post = torch.relu_ if relu else (lambda y: y)
+
+    def step(values: list) -> None:
+        values[out] = image(post(start(rows(values[other])).addmm_(rows(values[x]), wt)))
+
+    return step
+
+
+def _onednn_residual_step(conv: _Conv, values: list, given: dict, slots: tuple[int, int], in_place: bool,
+                          relu: bool) -> Step:  # fmt: skip
+    """conv(x) + other (+ Relu) through oneDNN: its "sum" post-op, into `other` itself when `in_place`; an `other`
+    of another shape than the output is added after the convolution (ONNX's broadcasting)."""
+    x, (other, out) = conv.x, slots
+    (w, b), (pads, strides, dilations, group) = conv.packed(values[x], given), conv.geometry
+    unary = "relu" if relu else None
+    if tuple(values[other].shape) != conv.out_shape(values[x], given):
+        fn, post = torch.ops.mkldnn._convolution_pointwise, torch.relu_ if relu else (lambda y: y)
+
+        def step(values: list) -> None:
+            y = fn(values[x], w, b, pads, strides, dilations, group, "none", [], "") + values[other]
+            values[out] = post(y)
+
+    elif in_place:  # into the summand (read only here)
+        summed = torch.ops.mkldnn._convolution_pointwise_.binary
+
+        def step(values: list) -> None:
+            values[out] = summed(values[other], values[x], w, b, pads, strides, dilations, group, "add", 1.0,
+                                 unary, [], None)  # fmt: skip
+
+    else:
+        summed = torch.ops.mkldnn._convolution_pointwise.binary
+
+        def step(values: list) -> None:
+            values[out] = summed(values[x], values[other], w, b, pads, strides, dilations, group, "add", 1.0,
+                                 unary, [], None)  # fmt: skip
+
+    return step
 
 
 op("ConvRegion", conv_region, tuple_output=True)
