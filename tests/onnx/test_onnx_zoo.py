@@ -196,6 +196,43 @@ def test_gpu_path_stores_attention_outputs_in_the_order_their_transpose_reads(na
         assert [s.kind for s in steps if s.node.op == "rotary_embedding"] == (["kernel"] * 2 if name == "llama" else [])
 
 
+@pytest.mark.parametrize("column_faster", [True, False])
+def test_gpu_planner_keeps_the_faster_weight_layout_of_each_long_linear(column_faster: bool, monkeypatch) -> None:
+    """A long linear's constant weight is timed row-major (N, K) and column-major on the plan's inputs (here with
+    a fake clock that favours one layout, every linear counting as long): the plan keeps the faster layout's
+    tensor only, and BERT's outputs match onnxruntime either way."""
+    import onnx
+
+    from xpuruntime.dispatch import Dispatcher
+    from xpuruntime.onnx import InferenceSession
+    from xpuruntime.onnx.runners import gpu, gpu_runner_factory
+
+    def fake_time(planner, step, values) -> float:
+        column = values[step.inputs[1]].stride(0) == 1
+        return 1.0 if column == column_faster else 2.0
+
+    monkeypatch.setattr(gpu, "_layout_matters", lambda node, moved, values: node.op == "linear")
+    monkeypatch.setattr(gpu.GpuPlanner, "_time", fake_time)
+    optimize_as_cuda(monkeypatch)
+    data = exported("bert", "dynamo", 18)
+    ours = InferenceSession(onnx.load_from_string(data).SerializeToString(), runner=gpu_runner_factory("cpu"),
+                            dispatcher=Dispatcher(cpu_kernels_on_tensors("linear/numpy")))  # fmt: skip
+    reference = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    for batch, side in signatures("bert"):
+        inputs = feed("bert", batch, side)
+        (want,), (got,) = reference.run(None, inputs), ours.run(None, inputs)
+        assert max_abs_error(got, want) <= 1e-4, (batch, side, max_abs_error(got, want))
+        plan = ours.runner.last_plan()
+        linears = [s for s in plan.steps if s.node.op == "linear"]
+        assert len(linears) == 8 and all(s.kind == "kernel" for s in linears)
+        weights = [plan.template[s.inputs[1]] for s in linears]
+        assert all((w.stride(0) == 1) == column_faster for w in weights), [w.stride() for w in weights]
+        for step in linears:  # the other layout's copy is not kept
+            name = step.node.inputs[1]
+            other = f"{name}@cpu" if column_faster else f"{name}@cpu/column_major"
+            assert plan.template[plan.slots[other]] is None, other
+
+
 @pytest.mark.parametrize("kernels", [("attention/math", "rotary_embedding/numpy", "add_rms_norm/numpy"), ()])
 def test_gpu_graph_of_an_fp16_llama_reads_grouped_kv_heads_in_place(kernels, monkeypatch) -> None:
     """Llama exported in fp16 and made for CUDA: the GQA repeat of k and v before each attention is gone (the op

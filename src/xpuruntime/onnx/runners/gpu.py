@@ -118,6 +118,7 @@ class GpuPlanner(Planner):
         super().__init__(*args, **kwargs)
         self.device = device
         self.constants = constants  # value name -> device tensor, shared by the runner's plans of one variant
+        self._layouts: tuple | None = None  # (row-major slot, column-major slot), static: for the next _make_step
 
     def function(self, node: Node) -> Callable:
         record = OPS[node.op]
@@ -134,7 +135,8 @@ class GpuPlanner(Planner):
             step.note = "; ".join(filter(None, ["on the host: the op has no PyTorch function", step.note]))
         return step
 
-    def _device_inputs(self, node: Node, ins: tuple, values: list, static: set, slot: Callable) -> tuple:
+    def _moved(self, node: Node, ins: tuple, values: list, static: set, slot: Callable) -> tuple:
+        """The node's input slots with its constants moved to the device (once per runner for initializers)."""
         host = OPS[node.op].host_inputs if not node.domain else frozenset()
         moved = []
         for position, (name, index) in enumerate(zip(node.inputs, ins)):
@@ -156,6 +158,57 @@ class GpuPlanner(Planner):
             moved.append(index)
         return tuple(moved)
 
+    def _make_step(self, node: Node, ins: tuple, outs: tuple, args: list, values: list) -> Step:
+        """The kernel step; for a long `linear` (see _layout_matters) the faster of its constant weight row-major
+        (N, K) and column-major, timed on the plan's own inputs, the other layout's tensor dropped."""
+        step = super()._make_step(node, ins, outs, args, values)
+        layouts, self._layouts = self._layouts, None
+        if layouts is None or step.kind != "kernel":
+            return step
+        (row, column), static = layouts
+        column_ins = tuple(column if i == row else i for i in ins)
+        try:
+            other = super()._make_step(node, column_ins, outs, [values[i] for i in column_ins], values)
+            faster = other.kind == "kernel" and self._time(other, values) < self._time(step, values)
+        except Exception:  # a launch that fails is the first run's to report and fall back from
+            faster = False
+        if not faster:
+            values[column], _ = None, static.discard(column)
+            return step
+        self.constants[self._column_name(node)] = values[column]
+        if [n for n in self.graph.consumers().get(node.inputs[1], []) if n is not node] == []:
+            values[row], _ = None, static.discard(row)  # read by this node alone: not kept row-major too
+            self.constants.pop(f"{node.inputs[1]}@{self.device}", None)
+        return other
+
+    def _device_inputs(self, node: Node, ins: tuple, values: list, static: set, slot: Callable) -> tuple:
+        moved = self._moved(node, ins, values, static, slot)
+        self._layouts = None
+        if _layout_matters(node, moved, values):
+            name = self._column_name(node)
+            index = slot(name)
+            if values[index] is None:
+                cached = self.constants.get(name)
+                values[index] = cached if cached is not None else values[moved[1]].t().contiguous().t()
+                static.add(index)
+            self._layouts = ((moved[1], index), static)
+        return moved
+
+    def _column_name(self, node: Node) -> str:
+        return f"{node.inputs[1]}@{self.device}/column_major"
+
+    def _time(self, step: Step, values: list) -> float:
+        """A kernel step's time a run on the device, from LAYOUT_RUNS runs queued back to back after a warm-up
+        (which builds the library's plan)."""
+        step.run(values)
+        start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+        start.record()
+        for _ in range(LAYOUT_RUNS):
+            step.run(values)
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end)
+
     def _fallback_step(self, node: Node, ins: tuple, outs: tuple, note: str) -> Step:
         fn = _xrt_fallback(node)
         (o,) = outs[:1]
@@ -171,6 +224,24 @@ class GpuPlanner(Planner):
         step = Step(node, "torch", ins, outs, fn=fn, note=f"PyTorch fallback; {note}"[:300])
         step.run = run
         return step
+
+
+LAYOUT_FLOPS = 4e9  # a linear of at least this many flops on CUDA tries its constant weight in both layouts
+LAYOUT_RUNS = 5
+
+
+def _layout_matters(node: Node, moved: tuple, values: list) -> bool:
+    """Whether a `linear` node's constant (N, K) weight is worth timing column-major too: cuBLAS picks its kernel by
+    the operands' layout, and neither layout wins at every shape (fp32 on an H200, device us a call at 4096 rows:
+    768 -> 2304 row-major 380, column-major 345; 768 -> 3072 391 and 411; benchmarks/probes/fp32_gemm_gpu.py).
+    Only GEMMs long enough that back-to-back runs keep the GPU busy, so that their timing is the device's."""
+    if node.op != "linear" or node.domain != "xrt" or len(moved) < 2:
+        return False
+    x, weight = values[moved[0]], values[moved[1]]
+    if not (torch is not None and isinstance(weight, torch.Tensor) and weight.is_cuda and weight.dim() == 2):
+        return False
+    n, k = weight.shape
+    return weight.is_contiguous() and 2 * (x.numel() // max(k, 1)) * n * k >= LAYOUT_FLOPS
 
 
 def _on_device(fn: Callable, device: Any) -> Callable:
