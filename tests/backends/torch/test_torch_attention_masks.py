@@ -67,32 +67,14 @@ MASKED_KERNELS = {"float32": ["torch_efficient", "torch_math"], "bfloat16": ["to
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("bounded", [False, True])
 @pytest.mark.parametrize(("dtype", "kernel"), [(d, k) for d, ks in MASKED_KERNELS.items() for k in ks])
-def test_masked_kernels_average_v_on_rows_that_see_no_key(dtype: str, kernel: str) -> None:
+def test_masked_kernels_average_v_on_rows_that_see_no_key(dtype: str, kernel: str, bounded: bool) -> None:
     """GPT-2 / Llama with left padding on the GPU: each kernel taking an additive mask gives the reference on
     HF's finfo.min masks (before exp2_safe_mask, torch_efficient and flash_v2 gave NaN on the padded rows). Not
-    float16: finfo(float16).min does not swamp the scores, and what such a row gives depends on rounding."""
-    if not torch.cuda.is_available():
-        pytest.skip("needs CUDA")
-    reason = default_registry().backends[default_registry().kernel("attention", kernel).backend].unavailable_reason
-    if reason:
-        pytest.skip(reason)
-    torch_dtype = getattr(torch, dtype)
-    q, k, v = qkv(2, 4, 37, 64, torch_dtype, "cuda")
-    mask = padded_causal_mask(torch_dtype, (0, 11), 37).cuda()
-    want = reference(*(t.double().cpu().numpy() for t in (q, k, v)), mask.double().cpu().numpy())
-    with xrt.kernel_policy(strict=True, attention=kernel):
-        got = xrt.ops.attention(q, k, v, attn_mask=mask)
-    tolerance = {"float32": 1e-4, "bfloat16": 3e-2, "float16": 5e-3}[dtype]
-    np.testing.assert_allclose(got.double().cpu().numpy(), want, rtol=tolerance, atol=tolerance)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize(("dtype", "kernel"), [(d, k) for d, ks in MASKED_KERNELS.items() for k in ks])
-def test_masked_kernels_take_a_bounded_mask_as_the_graph_gives_it(dtype: str, kernel: str) -> None:
-    """The ONNX attention fusion's form of HF's mask: the fill raised to mask_floor and bounded_mask=True, so that
-    the kernels skip their scans of the mask. Each kernel still gives the reference of the original finfo.min mask,
-    padded rows (averages of v) included."""
+    float16: finfo(float16).min does not swamp the scores, and what such a row gives depends on rounding.
+    `bounded`: the ONNX attention fusion's form of that mask, the fill raised to mask_floor and bounded_mask=True
+    (the kernels skip their scans of the mask), still the reference of the original mask."""
     from xpuruntime.ops.attention import mask_floor
 
     if not torch.cuda.is_available():
@@ -104,8 +86,8 @@ def test_masked_kernels_take_a_bounded_mask_as_the_graph_gives_it(dtype: str, ke
     q, k, v = qkv(2, 4, 37, 64, torch_dtype, "cuda")
     mask = padded_causal_mask(torch_dtype, (0, 11), 37).cuda()
     want = reference(*(t.double().cpu().numpy() for t in (q, k, v)), mask.double().cpu().numpy())
-    bounded = mask.clamp_min(mask_floor(dtype))
+    given = mask.clamp_min(mask_floor(dtype)) if bounded else mask
     with xrt.kernel_policy(strict=True, attention=kernel):
-        got = xrt.ops.attention(q, k, v, attn_mask=bounded, bounded_mask=True)
+        got = xrt.ops.attention(q, k, v, attn_mask=given, bounded_mask=bounded)
     tolerance = {"float32": 1e-4, "bfloat16": 3e-2}[dtype]
     np.testing.assert_allclose(got.double().cpu().numpy(), want, rtol=tolerance, atol=tolerance)
