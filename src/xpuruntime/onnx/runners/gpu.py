@@ -172,16 +172,19 @@ class GpuPlanner(Planner):
             faster = other.kind == "kernel" and self._time(other, values) < self._time(step, values)
         except Exception:  # a launch that fails is the first run's to report and fall back from
             faster = False
-        if not faster:
-            values[column], _ = None, static.discard(column)
-            return step
-        self.constants[self._column_name(node)] = values[column]
-        if [n for n in self.graph.consumers().get(node.inputs[1], []) if n is not node] == []:
-            values[row], _ = None, static.discard(row)  # read by this node alone: not kept row-major too
+        unused = row if faster else column
+        if faster:
+            self.constants[self._column_name(node)] = values[column]
+            if any(n is not node for n in self.graph.consumers().get(node.inputs[1], [])):
+                return other  # another node reads the weight row-major: kept
             self.constants.pop(f"{node.inputs[1]}@{self.device}", None)
-        return other
+        values[unused] = None  # the plan's template keeps one layout's tensor only
+        static.discard(unused)
+        return other if faster else step
 
     def _device_inputs(self, node: Node, ins: tuple, values: list, static: set, slot: Callable) -> tuple:
+        """The moved inputs; for a long linear also its weight column-major in a slot of its own, both slots
+        remembered for _make_step to time."""
         moved = self._moved(node, ins, values, static, slot)
         self._layouts = None
         if _layout_matters(node, moved, values):
