@@ -142,4 +142,5 @@ def test_encoder_fusions_at_level_all(encoder_model: bytes) -> None:
     text = session.explain()
     assert "attention/" in text and "matmul/" in text and "fused_elementwise/" in text
     gpu_graph, _ = optimize(session.original, 99, session.dispatcher, "cuda", ONNX_SEMANTICS)
-    assert gpu_graph.op_counts().get("linear", 0) == 12  # q, k, v, o, up, down per layer, bias in the GEMM
+    counts = gpu_graph.op_counts()  # per layer: q, k, v packed into one linear (split after), o, up, down
+    assert counts.get("linear", 0) == 8 and counts.get("Split", 0) >= 2, counts  # bias in the GEMM
