@@ -493,16 +493,19 @@ def _kernel_step(
     view of a new array in that order. A `returns_output` kernel (PyTorch's SDPA backends) without a reused
     buffer gives its own result, in its own layout, instead of a copy of it into a new array: the memory-
     efficient kernel's output is already stored (B, L, H, D), the order `stored` asks for."""
-    if plan.returns_output and not (flat or nhwc):
-        return _returning_step(node, ins, outs, plan, arity, dispatcher, buffers)
-    step = Step(node, "kernel", tuple(ins), outs, plan=plan, flat=flat, nhwc=nhwc, buffers=buffers, stored=stored)
+    returning = plan.returns_output and not (flat or nhwc)
+    step = Step(node, "kernel", tuple(ins), outs, plan=plan, flat=flat, nhwc=nhwc, buffers=buffers,
+                stored=None if returning else stored)  # fmt: skip
     padded = (*ins, *(0,) * (arity - len(ins)))  # slot 0 always holds None: optional inputs left out
     (o,) = outs[:1]
     launch, attrs, config = plan.launch, plan.attrs, plan.config
     allocate, finish, current_stream = plan.allocate, plan.finish, plan.current_stream
-    if stored is not None:
+    if returning:
+        allocate = lambda stream: None  # noqa: E731 (out=None: the kernel allocates and returns its output)
+    elif stored is not None:
         allocate = _stored_allocator(plan, stored)
     workspace_bytes, lend = plan.workspace_bytes, dispatcher.workspaces.lend
+    output = _output_taker(plan)
 
     def run(env: list) -> None:
         stream = None if current_stream is None else current_stream(plan.device)
@@ -525,8 +528,8 @@ def _kernel_step(
                            stream))  # fmt: skip
             env[o] = from_nhwc(out)
         else:
-            launch(ArgPack(tuple(inputs), out, attrs, config, workspace, stream))
-            env[o] = out
+            returned = launch(ArgPack(tuple(inputs), out, attrs, config, workspace, stream))
+            env[o] = out if out is not None else output(returned)
         if finish is not None:
             finish(stream)
 
@@ -534,42 +537,20 @@ def _kernel_step(
     return step
 
 
-def _returning_step(
-    node: Node, ins: list[int], outs: tuple, plan: Any, arity: int, dispatcher: Dispatcher,
-    buffers: tuple[tuple[int, int], ...],
-) -> Step:  # fmt: skip
-    """A launch of a returns_output kernel: into the step's reused buffer where the plan has one (CPU arenas),
-    else out=None and the kernel's result (checked against the schema on the first run) is the output."""
-    step = Step(node, "kernel", tuple(ins), outs, plan=plan, buffers=buffers)
-    padded = (*ins, *(0,) * (arity - len(ins)))
-    (o,) = outs[:1]
-    launch, attrs, config = plan.launch, plan.attrs, plan.config
-    current_stream, finish, workspace_bytes, lend = (
-        plan.current_stream,
-        plan.finish,
-        plan.workspace_bytes,
-        dispatcher.workspaces.lend,
-    )
+def _output_taker(plan: Any) -> Callable[[Any], Any]:
+    """returned -> the output, for a returns_output kernel launched with out=None: checked against the op's
+    schema on the first launch (dispatch.checked_output), taken as it is after."""
     checked = False
 
-    def run(env: list) -> None:
+    def take(returned: Any) -> Any:
         nonlocal checked
-        stream = None if current_stream is None else current_stream(plan.device)
-        out = env[step.buffer_slot]
-        workspace = lend(workspace_bytes, plan.device, plan.empty, stream) if workspace_bytes else None
-        inputs = [env[i] for i in padded]
-        for position, slot in buffers:
-            inputs[position] = env[slot] = empty_like(inputs[0])
-        returned = launch(ArgPack(tuple(inputs), out, attrs, config, workspace, stream))
-        if finish is not None:
-            finish(stream)
-        if out is None:
-            out = returned if checked else checked_output(plan, returned)
-            checked = True
-        env[o] = out
+        if checked:
+            return returned
+        result = checked_output(plan, returned)
+        checked = True
+        return result
 
-    step.run = run
-    return step
+    return take
 
 
 def _stored_allocator(plan: Any, order: tuple[int, ...]) -> Callable[[Any], Any]:

@@ -89,14 +89,19 @@ def _pack(graph: Graph, group: list[Node], adds: list[tuple[Node, np.ndarray]] |
         bias = graph.add_constant("packed_b", np.concatenate([b for _, b in adds]))
         nodes.append(Node("Add", [packed, bias], [biased], name=graph.fresh_name("PackedAdd")))
         outputs, packed = [add.outputs[0] for add, _ in adds], biased
+    remove(graph, [*group, *(add for add, _ in adds or ())])
+    graph.nodes += [*nodes, _split(graph, packed, sizes, outputs)]
+
+
+def _split(graph: Graph, packed: str, sizes: list[int], outputs: list[str]) -> Node:
+    """Split of the packed result's last axis back into the outputs (sizes as an input from opset 13)."""
     split_sizes = np.array(sizes, np.int64)
     if graph.opset >= 13:
         split = Node("Split", [packed, graph.add_constant("packed_split", split_sizes)], outputs, {"axis": -1})
     else:
         split = Node("Split", [packed], outputs, {"axis": -1, "split": split_sizes.tolist()})
     split.name = graph.fresh_name("PackedSplit")
-    remove(graph, [*group, *(add for add, _ in adds or ())])
-    graph.nodes += [*nodes, split]
+    return split
 
 
 def _linear_weight(graph: Graph, node: Node) -> np.ndarray | None:
@@ -131,11 +136,8 @@ def _pack_linears(graph: Graph, group: list[Node]) -> None:
     inputs.append(graph.add_constant("packed_b", np.concatenate([graph.constant(n.inputs[2]) for n in group]))
                   if biased else "")  # fmt: skip
     linear = Node("linear", inputs, [packed], dict(group[0].attrs), graph.fresh_name("PackedLinear"), "xrt")
-    sizes_name = graph.add_constant("packed_split", np.array(sizes, np.int64))
-    split = Node("Split", [packed, sizes_name], [n.outputs[0] for n in group], {"axis": -1},
-                 graph.fresh_name("PackedSplit"))  # fmt: skip
     remove(graph, group)
-    graph.nodes += [linear, split]
+    graph.nodes += [linear, _split(graph, packed, sizes, [n.outputs[0] for n in group])]
 
 
 def run(graph: Graph, ctx: PassContext) -> int:
@@ -143,7 +145,7 @@ def run(graph: Graph, ctx: PassContext) -> int:
     for group in _groups(graph):
         _pack(graph, group, _bias_adds(graph, group, graph.consumers()))
         changes += 1
-    if ctx.device != "cpu" and graph.opset >= 13:  # Split with sizes as an input
+    if ctx.device != "cpu":
         for group in _linear_groups(graph):
             _pack_linears(graph, group)
             changes += 1

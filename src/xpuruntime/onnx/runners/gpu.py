@@ -175,7 +175,7 @@ class GpuPlanner(Planner):
         unused = row if faster else column
         if faster:
             self.constants[self._column_name(node)] = values[column]
-            if any(n is not node for n in self.graph.consumers().get(node.inputs[1], [])):
+            if any(n is not node for n in self._readers.get(node.inputs[1], [])):  # graph.consumers() of the build
                 return other  # another node reads the weight row-major: kept
             self.constants.pop(f"{node.inputs[1]}@{self.device}", None)
         values[unused] = None  # the plan's template keeps one layout's tensor only
